@@ -1,0 +1,120 @@
+"""Lowering layer: the traffic model, derived by walking a kernel plan's memory statements.
+
+Bytes are counted per batch row and value head, for a given buffer fill ``n`` and draft count ``t``,
+taking each ``When`` branch as the plan's flush rule decides. Only state and record traffic count
+towards DESIGN.md §3's model (inputs, outputs and fills are listed apart as ``io``). Keys stored once
+per key head are charged ``1 / (HV / H)`` to each value head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replayssm_dsl.config import DTYPE_BYTES
+
+from .buffer_rules import step_flushes, verify_flushes
+from .ir import Kernel, Program, When
+
+
+@dataclass(frozen=True)
+class Traffic:
+    state_read: float = 0.0
+    state_write: float = 0.0
+    record_read: float = 0.0
+    record_write: float = 0.0
+    io: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """State and record bytes: what DESIGN.md §3 counts."""
+        return self.state_read + self.state_write + self.record_read + self.record_write
+
+    def __add__(self, other: "Traffic") -> "Traffic":
+        return Traffic(*(a + b for a, b in zip(self._tuple(), other._tuple())))
+
+    def scale(self, factor: float) -> "Traffic":
+        return Traffic(*(a * factor for a in self._tuple()))
+
+    def _tuple(self):
+        return (self.state_read, self.state_write, self.record_read, self.record_write, self.io)
+
+
+def record_bytes(program: Program) -> float:
+    """``R``: bytes of one record per value head (cumulative decay, write, key share)."""
+    p, total = program, 0.0
+    for b in p.buffers_of("record"):
+        elems = {"rec_decay": p.shape.k_dim if "K" in b.dims[3:] else 1,
+                 "rec_write": p.shape.v_dim, "rec_key": p.shape.k_dim}[b.name]
+        share = p.shape.group_size if b.dims[1] == "H" else 1
+        total += elems * DTYPE_BYTES[b.dtype] / share
+    return total
+
+
+def _token_bytes(program: Program, t: int) -> float:
+    p, total = program, 0.0
+    for b in p.buffers_of("token"):
+        elems = {"": 1, "K": p.shape.k_dim, "V": p.shape.v_dim}[b.dims[3] if len(b.dims) > 3 else ""]
+        share = p.shape.group_size if b.dims[2] == "H" else 1
+        total += t * elems * 4 / share
+    return total
+
+
+def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: int = 1) -> Traffic:
+    """Bytes one (batch row, value head) of ``kernel`` moves at buffer fill ``fill``."""
+    p = program
+    kernel = p.kernel(kernel) if isinstance(kernel, str) else kernel
+    E, R = p.shape.state_elements, record_bytes(p)
+    cfg = p.config
+    env = {"n": fill, "t": drafts,
+           "flush": (step_flushes(fill, cfg.window) if kernel.name in ("replay_step", "advance_fill")
+                     else verify_flushes(fill, drafts, cfg.window, cfg.max_drafts))}
+    t = drafts if any(s.op == "row" and "t" in s.outs for s, _ in kernel.statements()) else 1
+    acc = Traffic()
+
+    def walk(body, n):
+        nonlocal acc
+        for s in body:
+            if isinstance(s, When):
+                if bool(env[s.cond]) != s.negate:
+                    n = walk(s.body, n)
+                continue
+            if s.op == "load_state":
+                acc += Traffic(state_read=E * DTYPE_BYTES[p.buffer(s.attr("buffer")).dtype])
+            elif s.op == "store_state":
+                per = t if s.attr("per_draft") else 1
+                acc += Traffic(state_write=per * E * DTYPE_BYTES[p.buffer(s.attr("buffer")).dtype])
+            elif s.op == "load_records":
+                acc += Traffic(record_read=n * R)
+            elif s.op in ("fold",):
+                n = 0
+            elif s.op == "empty_records":
+                n = 0
+            elif s.op == "append":
+                acc += Traffic(record_write=t * R)
+            elif s.op == "fields":
+                acc += Traffic(io=_token_bytes(p, t if s.attr("tokens") == "drafts" else 1))
+            elif s.op == "store_output":
+                acc += Traffic(io=(t if s.attr("per_draft") else 1) * p.shape.v_dim * 4)
+        return n
+
+    walk(kernel.body, fill)
+    return acc
+
+
+def replay_step_amortized(program: Program) -> Traffic:
+    """The replay step averaged over the ``L`` fills of the steady state (one flush in ``L`` steps)."""
+    L = program.config.window
+    total = Traffic()
+    for n in range(L):
+        total += kernel_traffic(program, "replay_step", n)
+    return total.scale(1.0 / L)
+
+
+def design_formulas(program: Program) -> dict[str, float]:
+    """DESIGN.md §3's hand formulas (no low-precision copy: ``s_lp = s_hp``), for cross-checking."""
+    p = program
+    E, s, R, L = p.shape.state_elements, DTYPE_BYTES[p.config.state_dtype], record_bytes(p), p.config.window
+    non_flush = [E * s + n * R + R for n in range(L - 1)]
+    flush = E * s + (L - 1) * R + E * s
+    return {"conventional": 2 * E * s, "replay_amortized": (sum(non_flush) + flush) / L,
+            "replay_non_flush_n0": non_flush[0] if non_flush else flush, "replay_flush": flush}

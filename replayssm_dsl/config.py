@@ -1,0 +1,99 @@
+"""DSL layer: sizes and replay settings a declaration is lowered for, and the model presets.
+
+``ModelShape`` is the layer's geometry (value heads ``HV``, key heads ``H``, ``V``, ``K``);
+``ReplayConfig`` the replay window ``L``, the most drafts ``T`` a verify takes, and the dtypes.
+Presets are the DESIGN.md §3 shapes. Imports ``errors`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import ConfigError
+
+STATE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+READ_ONLY_DTYPES = {"float8_e4m3": 1, "nvfp4": 0.5625}  # valid only for a low-precision read copy (later)
+DTYPE_BYTES = {**STATE_DTYPES, **READ_ONLY_DTYPES}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """One recurrence layer's geometry: state ``[HV, V, K]`` per sequence, keys per ``H`` key heads."""
+
+    heads: int  # HV, value heads
+    key_heads: int  # H, key heads (Mamba-2: ngroups)
+    v_dim: int  # V, rows of the state
+    k_dim: int  # K, the contiguous axis
+
+    def __post_init__(self):
+        for name in ("heads", "key_heads", "v_dim", "k_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}: must be a positive int, got {value!r}")
+        if self.heads % self.key_heads:
+            raise ConfigError(f"key_heads: {self.key_heads} does not divide heads={self.heads}; each key head "
+                              "(group) must serve the same number of value heads")
+
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.key_heads
+
+    @property
+    def state_elements(self) -> int:
+        """``E = V·K``, elements of one head's state."""
+        return self.v_dim * self.k_dim
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Replay window ``L``, draft limit ``T`` and storage dtypes; ``capacity = L + T`` records per slot."""
+
+    window: int = 16
+    max_drafts: int = 8
+    state_dtype: str = "float32"
+    record_dtype: str = "float32"
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ConfigError(f"window: must be an int >= 1, got {self.window!r}")
+        if not isinstance(self.max_drafts, int) or not 1 <= self.max_drafts <= 8:
+            raise ConfigError(f"max_drafts: must be an int in 1..8, got {self.max_drafts!r}")
+        for name in ("state_dtype", "record_dtype"):
+            dtype = getattr(self, name)
+            if dtype in READ_ONLY_DTYPES:
+                raise ConfigError(f"{name}: {dtype} cannot carry the recurrence (its rounding error would "
+                                  "grow with length); use float32, float16 or bfloat16")
+            if dtype not in STATE_DTYPES:
+                raise ConfigError(f"{name}: unknown dtype {dtype!r}; use one of {sorted(STATE_DTYPES)}")
+        if self.record_dtype != "float32":
+            raise ConfigError("record_dtype: only float32 records are supported (cumulative decays must stay FP32)")
+
+    @property
+    def capacity(self) -> int:
+        return self.window + self.max_drafts
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    variant: str
+    shape: ModelShape
+    note: str
+
+
+PRESETS = {p.name: p for p in [
+    Preset("nemotron-nano-4b", "mamba2", ModelShape(96, 8, 80, 128), "Nemotron-3-Nano-4B, Mamba-2"),
+    Preset("nemotron-super-120b", "mamba2", ModelShape(128, 8, 64, 128), "Nemotron-3-Super-120B, Mamba-2"),
+    Preset("qwen3.5-4b", "gdn", ModelShape(32, 16, 128, 128), "Qwen3.5-4B, Gated DeltaNet"),
+    Preset("qwen3.5-122b", "gdn", ModelShape(64, 16, 128, 128), "Qwen3.5-122B, Gated DeltaNet"),
+    Preset("kimi-linear", "kda", ModelShape(32, 32, 128, 128), "Kimi Linear, Kimi Delta Attention"),
+]}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"preset: unknown {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]

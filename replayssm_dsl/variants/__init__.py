@@ -1,0 +1,30 @@
+"""DSL layer: the built-in variants, by name (``mamba2``, ``gdn``, ``kda``, ``gla``, ``retnet``, ``deltanet``)."""
+
+from __future__ import annotations
+
+from ..declaration import Declaration
+from ..errors import DeclarationError
+from .family import deltanet, gated_linear_attention, retnet
+from .gated_deltanet import gated_deltanet
+from .kimi_delta import kimi_delta_attention
+from .mamba2 import mamba2
+
+BUILTINS = {
+    "mamba2": mamba2,
+    "gdn": gated_deltanet,
+    "kda": kimi_delta_attention,
+    "gla": gated_linear_attention,
+    "retnet": retnet,
+    "deltanet": deltanet,
+}
+
+
+def get(name: str) -> Declaration:
+    """The built-in declaration called ``name``."""
+    if name not in BUILTINS:
+        raise DeclarationError(f"variant: unknown {name!r}; built-in: {', '.join(BUILTINS)}")
+    return BUILTINS[name]()
+
+
+__all__ = ["BUILTINS", "get", "mamba2", "gated_deltanet", "kimi_delta_attention",
+           "gated_linear_attention", "retnet", "deltanet"]

@@ -1,0 +1,211 @@
+"""Runtime layer: the replay cache's API, shared by the CPU and CUDA backends.
+
+A cache owns, for ``slots`` sequences, the checkpoint pages ``[pages, HV, V, K]``, the record buffers
+and the per-slot fills, and offers ``step``, ``verify``, ``commit``, ``flush``, ``load`` and
+``materialize`` (plus the baselines ``conventional_step`` and ``snapshot_verify`` on a separate
+``state`` array). Batches are vLLM-style: ``slots[b]`` per batch row, ``-1`` for a padded row, and
+optional ``src_pages`` / ``dst_pages`` (default: page = slot) for copy-on-write checkpoints.
+
+Subclasses provide storage and ``_launch(kernel_name, rows, batch)``; this class validates every
+argument first (nothing is launched for a bad call) and sequences the kernels of each operation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl.config import ModelShape, ReplayConfig
+from replayssm_dsl.declaration import Declaration
+from replayssm_dsl.errors import ConfigError, InputError
+
+from replayssm_dsl.lowering.lower import lower
+
+from .validation import check_accepted, check_array, check_drafts, check_pages, check_slots
+
+
+class ReplayCacheBase:
+    check_token_values = True  # host backends check finiteness and signs of every token
+
+    def __init__(self, decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None, *,
+                 slots: int, params: dict, pages: int | None = None):
+        if not isinstance(slots, int) or slots < 1:
+            raise ConfigError(f"slots: must be a positive int, got {slots!r}")
+        pages = slots if pages is None else pages
+        if not isinstance(pages, int) or pages < slots:
+            raise ConfigError(f"pages: must be an int >= slots={slots}, got {pages!r}")
+        self.program = lower(decl, shape, config or ReplayConfig())
+        self.decl, self.shape, self.config = decl, shape, self.program.config
+        self.num_slots, self.num_pages = slots, pages
+        self.params = self._check_params(params)
+        self._last_verify = None
+
+    # --- argument checks ---------------------------------------------------------------------------
+    def _dims(self, dims, **known) -> tuple:
+        sizes = {"HV": self.shape.heads, "H": self.shape.key_heads, "V": self.shape.v_dim,
+                 "K": self.shape.k_dim, "slots": self.num_slots, "pages": self.num_pages,
+                 "cap": self.config.capacity, **known}
+        return tuple(sizes[d] if isinstance(d, str) else d for d in dims)
+
+    def _check_params(self, params: dict) -> dict:
+        params = dict(params or {})
+        declared = [s for s in self.decl.inputs if s.kind == "param"]
+        unknown = sorted(set(params) - {s.name for s in declared})
+        if unknown:
+            raise InputError(f"params: {unknown} not declared by {self.decl.name!r} "
+                             f"(params: {[s.name for s in declared]})")
+        out = {}
+        for spec in declared:
+            if spec.name not in params:
+                raise InputError(f"params: missing {spec.name!r} ({self.decl.name} declares it as "
+                                 f"param {spec.shape_text()})")
+            value = np.asarray(params[spec.name], dtype=np.float64) if not hasattr(params[spec.name], "__cuda_array_interface__") else params[spec.name]
+            shape = self._dims(self.program.buffer(spec.name).dims)
+            out[spec.name] = check_array(value, f"params[{spec.name!r}]", shape, sign=spec.sign)
+        return out
+
+    def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
+        declared = [s for s in self.decl.inputs if s.kind == "token"]
+        unknown = sorted(set(tokens) - {s.name for s in declared})
+        if unknown:
+            raise InputError(f"tokens: {unknown} not declared by {self.decl.name!r} "
+                             f"(tokens: {[s.name for s in declared]})")
+        out = {}
+        for spec in declared:
+            if spec.name not in tokens:
+                raise InputError(f"tokens: missing {spec.name!r} ({self.decl.name} declares it as "
+                                 f"token {spec.shape_text(verify=t is not None)})")
+            dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
+            shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
+            value = check_array(tokens[spec.name], f"tokens[{spec.name!r}]", shape, sign=spec.sign,
+                                check_values=self.check_token_values, **self._array_requirements())
+            out[spec.name] = value if t is not None else value[:, None]
+        return out
+
+    def _array_requirements(self) -> dict:
+        return {}
+
+    def _batch(self, slots, src_pages=None, dst_pages=None) -> dict:
+        slot = check_slots(slots, self.num_slots)
+        rows = slot.shape[0]
+        src = slot.copy() if src_pages is None else check_pages(src_pages, rows, self.num_pages, slot, "src_pages")
+        dst = src.copy() if dst_pages is None else check_pages(dst_pages, rows, self.num_pages, slot, "dst_pages")
+        return {"slot": slot, "src_page": src, "dst_page": dst,
+                "drafts": np.where(slot >= 0, 1, 0).astype(np.int32), "accepted": np.zeros(rows, np.int32)}
+
+    # --- operations --------------------------------------------------------------------------------
+    def step(self, slots, tokens: dict, *, src_pages=None, dst_pages=None, out=None):
+        """One decode token per row: append a record and read, or fold and flush. ``[B, HV, V]``."""
+        batch = self._batch(slots, src_pages, dst_pages)
+        rows = batch["slot"].shape[0]
+        toks = self._check_tokens(tokens, rows, None)
+        out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
+        self._launch("replay_step", rows, batch, toks, out=out)
+        self._launch("advance_fill", rows, batch)
+        self._last_verify = None
+        return out[:, 0]
+
+    def verify(self, slots, tokens: dict, drafts, *, src_pages=None, dst_pages=None, out=None):
+        """Outputs of ``drafts[b]`` speculative tokens per row (``tokens[name]`` ``[B, T, ...]``);
+        writes their records, moves no fill. Follow with ``commit``. Returns ``[B, T, HV, V]``."""
+        batch = self._batch(slots, src_pages, dst_pages)
+        rows = batch["slot"].shape[0]
+        batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
+        t = self._token_length(tokens)
+        if batch["drafts"].max() > t:
+            i = int(np.argmax(batch["drafts"]))
+            raise InputError(f"drafts[{i}] = {batch['drafts'][i]} but tokens hold only T = {t} drafts")
+        toks = self._check_tokens(tokens, rows, t)
+        out = self._output(out, (rows, t, self.shape.heads, self.shape.v_dim), "out")
+        self._launch("flush_for_verify", rows, batch)
+        self._launch("verify", rows, batch, toks, out=out)
+        self._last_verify = batch
+        return out
+
+    def commit(self, accepted):
+        """Accept ``accepted[b]`` of the last verify's drafts per row: a pointer move."""
+        if self._last_verify is None:
+            raise InputError("commit: no verify to commit (each verify is committed once, before the next step)")
+        batch = dict(self._last_verify)
+        batch["accepted"] = check_accepted(accepted, batch["slot"], batch["drafts"])
+        self._launch("commit", batch["slot"].shape[0], batch)
+        self._last_verify = None
+
+    def flush(self, slots, *, src_pages=None, dst_pages=None):
+        """Fold every record of the given slots into their checkpoints (fill becomes 0)."""
+        batch = self._batch(slots, src_pages, dst_pages)
+        rows = batch["slot"].shape[0]
+        self._launch("flush", rows, batch)
+        self._launch("reset_fill", rows, batch)
+        self._last_verify = None
+
+    def load(self, slots, states, *, dst_pages=None):
+        """Checkpoint ← ``states`` ``[B, HV, V, K]`` (e.g. prefill's final state); empties the buffer."""
+        batch = self._batch(slots, dst_pages, dst_pages)
+        rows = batch["slot"].shape[0]
+        shape = (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim)
+        states = check_array(states, "states", shape, check_values=isinstance(states, np.ndarray),
+                             **self._array_requirements())
+        self._launch("load", rows, batch, initial=states)
+        self._launch("reset_fill", rows, batch)
+        self._last_verify = None
+
+    def materialize(self, slots, *, src_pages=None, out=None):
+        """The plain state of each slot, ``[B, HV, V, K]``: checkpoint folded with its records."""
+        batch = self._batch(slots, src_pages)
+        rows = batch["slot"].shape[0]
+        out = self._output(out, (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim), "out")
+        self._launch("materialize", rows, batch, materialized=out)
+        return out
+
+    # --- baselines ---------------------------------------------------------------------------------
+    def load_conventional(self, slots, states):
+        """Baseline state ← ``states``, for ``conventional_step`` and ``snapshot_verify``."""
+        batch = self._batch(slots)
+        shape = (batch["slot"].shape[0], self.shape.heads, self.shape.v_dim, self.shape.k_dim)
+        check_array(states, "states", shape, check_values=isinstance(states, np.ndarray), **self._array_requirements())
+        self._store_conventional(batch, states)
+
+    def conventional_step(self, slots, tokens: dict, *, out=None):
+        """Baseline: read the state, update it in place, output. ``[B, HV, V]``."""
+        batch = self._batch(slots)
+        rows = batch["slot"].shape[0]
+        toks = self._check_tokens(tokens, rows, None)
+        out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
+        self._launch("conventional_step", rows, batch, toks, out=out)
+        return out[:, 0]
+
+    def snapshot_verify(self, slots, tokens: dict, drafts, *, out=None, snapshots=None):
+        """Baseline speculative verify: outputs and one full state per draft ``[B, T, HV, V, K]``."""
+        batch = self._batch(slots)
+        rows = batch["slot"].shape[0]
+        batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
+        t = self._token_length(tokens)
+        toks = self._check_tokens(tokens, rows, t)
+        out = self._output(out, (rows, t, self.shape.heads, self.shape.v_dim), "out")
+        snaps = self._output(snapshots, (rows, t, self.shape.heads, self.shape.v_dim, self.shape.k_dim),
+                             "snapshots", dtype=self.config.state_dtype)
+        self._launch("snapshot_verify", rows, batch, toks, out=out, snapshots=snaps)
+        return out, snaps
+
+    def _token_length(self, tokens: dict) -> int:
+        for spec in self.decl.inputs:
+            if spec.kind == "token" and spec.name in tokens:
+                shape = getattr(tokens[spec.name], "shape", ())
+                if len(shape) < 2:
+                    raise InputError(f"tokens[{spec.name!r}]: verify tokens are [B, T, ...], got {list(shape)}")
+                return int(shape[1])
+        raise InputError("tokens: no declared token input given")
+
+    # --- backend hooks -----------------------------------------------------------------------------
+    def _output(self, out, shape, name, dtype="float32"):
+        raise NotImplementedError
+
+    def _launch(self, kernel: str, rows: int, batch: dict, tokens: dict | None = None, **arrays):
+        raise NotImplementedError
+
+    def _store_conventional(self, batch: dict, states) -> None:
+        raise NotImplementedError
+
+    def fills(self) -> np.ndarray:
+        """Per-slot fills, copied to the host (a synchronising read; not for the decode loop)."""
+        raise NotImplementedError

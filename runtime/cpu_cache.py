@@ -1,0 +1,64 @@
+"""Runtime layer: the CPU backend, the lowered plans executed by NumPy (float64 or float32).
+
+The reference every GPU kernel is checked against: the same buffers, layouts and kernel sequence as
+the CUDA backend, interpreted by ``lowering.interpret``. Needs no GPU and no CuPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl.errors import ConfigError
+from replayssm_dsl.lowering.interpret import Interpreter
+
+from .cache_base import ReplayCacheBase
+
+PRECISIONS = {"float64": np.float64, "float32": np.float32}
+
+
+class CpuReplayCache(ReplayCacheBase):
+    """Replay cache on the host. ``precision="float64"`` is the exact reference; ``"float32"`` stores
+    and computes in FP32 like the GPU. Half-precision checkpoints are rounded on every store."""
+
+    def __init__(self, decl, shape, config=None, *, slots: int, params: dict, pages: int | None = None,
+                 precision: str = "float64"):
+        super().__init__(decl, shape, config, slots=slots, params=params, pages=pages)
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision: {precision!r}; use 'float64' or 'float32'")
+        self.compute = np.dtype(PRECISIONS[precision])
+        self.interpreter = Interpreter(self.program, self.compute)
+        self.buffers = {}
+        for buf in self.program.buffers:
+            if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
+                dtype = np.int32 if buf.dtype == "int32" else self._storage_dtype(buf.dtype)
+                self.buffers[buf.name] = np.zeros(self._dims(buf.dims), dtype)
+        self.buffers.update({k: v.astype(self.compute) for k, v in self.params.items()})
+
+    def _storage_dtype(self, dtype: str):
+        return np.float16 if dtype == "float16" else self.compute
+
+    def _output(self, out, shape, name, dtype="float32"):
+        if out is None:
+            return np.full(shape, np.nan, self._storage_dtype(dtype) if dtype != "float32" else self.compute)
+        if tuple(out.shape) != tuple(shape):
+            from replayssm_dsl.errors import InputError
+            raise InputError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
+        return out
+
+    def _launch(self, kernel, rows, batch, tokens=None, **arrays):
+        bufs = dict(self.buffers)
+        bufs.update(batch)
+        bufs.update({k: np.asarray(v, self.compute) for k, v in (tokens or {}).items()})
+        for name, arr in arrays.items():
+            bufs["out" if name == "out" else name] = arr
+        self.interpreter.run(kernel, bufs, rows)
+
+    def _store_conventional(self, batch, states):
+        live = batch["slot"] >= 0
+        self.buffers["state"][batch["src_page"][live]] = np.asarray(states)[live]
+
+    def fills(self) -> np.ndarray:
+        return self.buffers["fill"].copy()
+
+    def checkpoint(self, page: int) -> np.ndarray:
+        return self.buffers["checkpoint"][page].copy()

@@ -1,0 +1,132 @@
+"""Runtime layer: checking what a caller passes, before any kernel runs.
+
+Every check raises ``InputError`` (or ``CapacityError``) naming the argument, the index and the
+rule, and runs before the first launch, so a bad call never changes any sequence's state.
+Works on NumPy arrays and on device arrays (CuPy, torch): shape, dtype, strides and device are read
+from attributes; values (finite, signs) are checked on host arrays only, or when asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl.errors import CapacityError, InputError
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def dtype_name(array) -> str:
+    name = str(getattr(array, "dtype", type(array).__name__))
+    return name.replace("torch.", "")
+
+
+def host_int_array(value, name: str) -> np.ndarray:
+    """A 1-D int32 copy of a host index array (list, tuple or NumPy of integers)."""
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise InputError(f"{name}: expected a 1-D array of ints, got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
+    return arr.astype(np.int32)
+
+
+def check_slots(slots, num_slots: int, name: str = "slots") -> np.ndarray:
+    arr = host_int_array(slots, name)
+    if arr.size == 0:
+        raise InputError(f"{name}: empty batch")
+    bad = np.flatnonzero((arr < -1) | (arr >= num_slots))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"{name}[{i}] = {arr[i]} is out of range [0, {num_slots}) (use -1 for a padded row)")
+    live = arr[arr >= 0]
+    uniq, counts = np.unique(live, return_counts=True)
+    if (counts > 1).any():
+        raise InputError(f"{name}: slot {int(uniq[counts > 1][0])} appears twice in one batch")
+    return arr
+
+
+def check_pages(pages, rows: int, num_pages: int, slots: np.ndarray, name: str) -> np.ndarray:
+    arr = host_int_array(pages, name)
+    if arr.shape[0] != rows:
+        raise InputError(f"{name}: length {arr.shape[0]} != batch rows {rows}")
+    live = slots >= 0
+    bad = np.flatnonzero(live & ((arr < 0) | (arr >= num_pages)))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"{name}[{i}] = {arr[i]} is out of range [0, {num_pages})")
+    return np.where(live, arr, -1).astype(np.int32)
+
+
+def check_drafts(drafts, slots: np.ndarray, max_drafts: int, capacity: int) -> np.ndarray:
+    arr = host_int_array(drafts, "drafts")
+    if arr.shape[0] != slots.shape[0]:
+        raise InputError(f"drafts: length {arr.shape[0]} != batch rows {slots.shape[0]}")
+    live = slots >= 0
+    low = np.flatnonzero(live & (arr < 1))
+    if low.size:
+        i = int(low[0])
+        raise InputError(f"drafts[{i}] = {arr[i]}: a verify needs at least one draft")
+    high = np.flatnonzero(live & (arr > max_drafts))
+    if high.size:
+        i = int(high[0])
+        raise CapacityError(f"drafts[{i}] = {arr[i]} exceeds max_drafts={max_drafts}: the record buffer "
+                            f"capacity is {capacity} (window + max_drafts)")
+    return np.where(live, arr, 0).astype(np.int32)
+
+
+def check_accepted(accepted, slots: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    arr = host_int_array(accepted, "accepted")
+    if arr.shape[0] != slots.shape[0]:
+        raise InputError(f"accepted: length {arr.shape[0]} != batch rows {slots.shape[0]}")
+    live = slots >= 0
+    bad = np.flatnonzero(live & ((arr < 0) | (arr > drafts)))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"accepted[{i}] = {arr[i]} but {drafts[i]} drafted (need 0 <= accepted <= drafted)")
+    return np.where(live, arr, 0).astype(np.int32)
+
+
+def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_values: bool = True,
+                sign: str = "any", contiguous: bool = False, device: str | None = None):
+    """Check one array's shape, dtype (and on host: finiteness and declared sign)."""
+    got = tuple(getattr(array, "shape", ()))
+    if got != tuple(shape):
+        raise InputError(f"{name}: expected shape {list(shape)}, got {list(got)}")
+    dt = dtype_name(array)
+    if dt not in dtypes:
+        raise InputError(f"{name}: dtype {dt} not accepted; use one of {', '.join(dtypes)}")
+    if device is not None:
+        where = _device_of(array)
+        if where != device:
+            raise InputError(f"{name}: is on {where}, expected {device}")
+    if contiguous and not _is_contiguous(array):
+        raise InputError(f"{name}: must be C-contiguous (strides {getattr(array, 'strides', '?')})")
+    if check_values and isinstance(array, np.ndarray):
+        finite = np.isfinite(array)
+        if not finite.all():
+            idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise InputError(f"{name}: non-finite value {array[idx]} at index {list(idx)}")
+        if sign == "nonpositive" and (array > 0).any():
+            raise InputError(f"{name}: declared sign='nonpositive' but holds {array.max()} > 0")
+        if sign == "nonnegative" and (array < 0).any():
+            raise InputError(f"{name}: declared sign='nonnegative' but holds {array.min()} < 0")
+    return array
+
+
+def _device_of(array) -> str:
+    if isinstance(array, np.ndarray):
+        return "cpu"
+    dev = getattr(array, "device", None)
+    if dev is None:
+        return "cpu"
+    text = str(dev)
+    if text.startswith("<CUDA Device") or text.startswith("cuda") or hasattr(array, "__cuda_array_interface__"):
+        return "cuda"
+    return text
+
+
+def _is_contiguous(array) -> bool:
+    if hasattr(array, "is_contiguous"):
+        return bool(array.is_contiguous())
+    flags = getattr(array, "flags", None)
+    return bool(flags["C_CONTIGUOUS"]) if flags is not None else True
