@@ -1,0 +1,76 @@
+"""Test helper: drives a replay cache and, beside it, the float64 plain recurrence per slot.
+
+``ReplayTwin`` keeps the oracle state of every slot, advances it only by accepted tokens, and
+checks each output the cache returns against the oracle (verify outputs against the oracle run
+from the committed state over the drafts). NaN never passes: ``assert_close`` requires finite values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+from replayssm_dsl.reference import plain_recurrence
+
+
+def assert_close(got, want, tol: float, what: str = "") -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert np.isfinite(got).all(), f"{what}: non-finite output (unwritten or NaN)"
+    err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+    return err
+
+
+class ReplayTwin:
+    def __init__(self, cache_cls, decl, shape, config, rng, slots: int = 4, tol: float = 1e-9, **kw):
+        self.decl, self.shape, self.config, self.rng, self.tol = decl, shape, config, rng, tol
+        self.params = random_params(decl, shape, rng)
+        self.cache = cache_cls(decl, shape, config, slots=slots, params=self.params, **kw)
+        self.state = {}
+        self.max_err = 0.0
+
+    def tokens(self, lead):
+        return random_tokens(self.decl, self.shape, self.rng, lead)
+
+    def load(self, slots):
+        states = random_state(self.shape, self.rng, (len(slots),))
+        self.cache.load(slots, states)
+        for s, st in zip(slots, states):
+            self.state[s] = st
+
+    def _oracle(self, slot, toks):
+        return plain_recurrence(self.decl, self.shape, toks, self.params, self.state[slot])
+
+    def step(self, slots, toks=None):
+        """One decode step for ``slots`` (``-1`` entries are padding); checks every live row."""
+        toks = toks if toks is not None else self.tokens((len(slots),))
+        out = self.cache.step(slots, toks)
+        for b, s in enumerate(slots):
+            if s < 0:
+                continue
+            o, self.state[s] = self._oracle(s, {k: v[b:b + 1] for k, v in toks.items()})
+            self.max_err = max(self.max_err, assert_close(out[b], o[0], self.tol, f"step slot {s}"))
+        return out
+
+    def verify(self, slots, drafts):
+        t = int(max(drafts))
+        toks = self.tokens((len(slots), t))
+        out = self.cache.verify(slots, toks, drafts)
+        for b, s in enumerate(slots):
+            if s < 0:
+                continue
+            o, _ = self._oracle(s, {k: v[b, :drafts[b]] for k, v in toks.items()})
+            self.max_err = max(self.max_err, assert_close(out[b, :drafts[b]], o, self.tol, f"verify slot {s}"))
+        return toks
+
+    def commit(self, slots, toks, accepted):
+        self.cache.commit(accepted)
+        for b, s in enumerate(slots):
+            if s >= 0 and accepted[b]:
+                _, self.state[s] = self._oracle(s, {k: v[b, :accepted[b]] for k, v in toks.items()})
+
+    def check_materialize(self, slots):
+        got = self.cache.materialize(slots)
+        for b, s in enumerate(slots):
+            self.max_err = max(self.max_err, assert_close(got[b], self.state[s], self.tol, f"materialize slot {s}"))
