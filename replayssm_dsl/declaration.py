@@ -174,12 +174,12 @@ class Recurrence:
                                    f"not starting with '_')")
         if name in self._inputs:
             raise DeclarationError(f"{kind} {name!r}: declared twice")
-        if per not in PER:
+        if not isinstance(per, str) or per not in PER:
             raise DeclarationError(f"{kind} {name!r}: per={per!r}; use 'head' (one per value head) "
                                    "or 'group' (one per key head, shared by its value heads)")
-        if size not in SIZES:
+        if not (size is None or isinstance(size, str)) or size not in SIZES:
             raise DeclarationError(f"{kind} {name!r}: size={size!r}; use None (scalar), 'K' or 'V'")
-        if sign not in ("any", "nonpositive", "nonnegative"):
+        if not isinstance(sign, str) or sign not in ("any", "nonpositive", "nonnegative"):
             raise DeclarationError(f"{kind} {name!r}: sign={sign!r}; use 'any', 'nonpositive' or 'nonnegative'")
         spec = InputSpec(name, kind, PER[per], SIZES[size], sign, doc)
         self._inputs[name] = spec

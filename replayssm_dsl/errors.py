@@ -26,3 +26,7 @@ class InputError(ReplaySSMError, ValueError):
 
 class CapacityError(InputError):
     """A request that would overflow a record buffer or exhaust a pool of slots or pages."""
+
+
+class LoweringError(ReplaySSMError, ValueError):
+    """A declaration or configuration the chosen backend cannot render (names the construct)."""

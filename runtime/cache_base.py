@@ -197,6 +197,12 @@ class ReplayCacheBase:
         raise InputError("tokens: no declared token input given")
 
     # --- backend hooks -----------------------------------------------------------------------------
+    def poisoned(self, shape):
+        """A float32 output array of this backend filled with NaN (tests pass it as ``out=``)."""
+        out = self._output(None, shape, "out")
+        out[...] = np.nan
+        return out
+
     def _output(self, out, shape, name, dtype="float32"):
         raise NotImplementedError
 

@@ -13,8 +13,17 @@ from replayssm_dsl.random_inputs import random_params, random_state, random_toke
 from replayssm_dsl.reference import plain_recurrence
 
 
+def to_host(array) -> np.ndarray:
+    """NumPy copy of a NumPy, CuPy or torch array."""
+    if hasattr(array, "get"):
+        array = array.get()
+    elif hasattr(array, "detach"):
+        array = array.detach().cpu().numpy()
+    return np.asarray(array, np.float64)
+
+
 def assert_close(got, want, tol: float, what: str = "") -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    got, want = to_host(got), to_host(want)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     assert np.isfinite(got).all(), f"{what}: non-finite output (unwritten or NaN)"
     err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
@@ -24,6 +33,7 @@ def assert_close(got, want, tol: float, what: str = "") -> float:
 
 class ReplayTwin:
     def __init__(self, cache_cls, decl, shape, config, rng, slots: int = 4, tol: float = 1e-9, **kw):
+        """``cache_cls``: ``CpuReplayCache``, ``CudaReplayCache`` or any class with their API."""
         self.decl, self.shape, self.config, self.rng, self.tol = decl, shape, config, rng, tol
         self.params = random_params(decl, shape, rng)
         self.cache = cache_cls(decl, shape, config, slots=slots, params=self.params, **kw)
@@ -45,7 +55,7 @@ class ReplayTwin:
     def step(self, slots, toks=None):
         """One decode step for ``slots`` (``-1`` entries are padding); checks every live row."""
         toks = toks if toks is not None else self.tokens((len(slots),))
-        out = self.cache.step(slots, toks)
+        out = self.cache.step(slots, toks, out=self.cache.poisoned((len(slots), 1, self.shape.heads, self.shape.v_dim)))
         for b, s in enumerate(slots):
             if s < 0:
                 continue
@@ -56,7 +66,8 @@ class ReplayTwin:
     def verify(self, slots, drafts):
         t = int(max(drafts))
         toks = self.tokens((len(slots), t))
-        out = self.cache.verify(slots, toks, drafts)
+        out = self.cache.verify(slots, toks, drafts,
+                                out=self.cache.poisoned((len(slots), t, self.shape.heads, self.shape.v_dim)))
         for b, s in enumerate(slots):
             if s < 0:
                 continue
@@ -71,6 +82,7 @@ class ReplayTwin:
                 _, self.state[s] = self._oracle(s, {k: v[b, :accepted[b]] for k, v in toks.items()})
 
     def check_materialize(self, slots):
-        got = self.cache.materialize(slots)
+        got = self.cache.materialize(slots, out=self.cache.poisoned(
+            (len(slots), self.shape.heads, self.shape.v_dim, self.shape.k_dim)))
         for b, s in enumerate(slots):
             self.max_err = max(self.max_err, assert_close(got[b], self.state[s], self.tol, f"materialize slot {s}"))

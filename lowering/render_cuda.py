@@ -1,0 +1,488 @@
+"""Lowering layer: a ``Program``'s kernel plans → one CUDA C++ translation unit.
+
+Every kernel of a program renders from its IR statements: the ``row``/``load_fill``/``flush_rule``
+prologue, the head-level statements (``fields``, ``load_records``, ``cumulate``, ``scores``) into
+shared memory, the row-level statements (``load_state``, ``replay``/``recur``/``fold``,
+``store_*``) in a loop over the rows a warp owns, and the records a plan appends. ``When``
+statements become ``if`` guards around what they hold. Sizes and dtypes are compile-time
+constants, so each (declaration, shape, config, launch) pair is its own module.
+
+Thread layout of a tiled kernel: grid ``(V / BV, HV, B)``, ``WARPS`` warps; warp ``w`` owns rows
+``v0 + w·RPW + r``; a lane owns K elements with 16-byte accesses (``replay_common.cuh``). All
+kernels share one argument list (``kernel_arguments``), so a launcher passes the same pointers to any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from replayssm_dsl.errors import LoweringError
+
+from .ir import Kernel, Program, Stmt, When
+from .render_expr import ExprRenderer
+
+COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
+STATE_C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short"}  # 16-bit: raw bits
+FILL_THREADS = 128
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Threads of a tiled kernel: ``warps`` per CTA, ``rows_per_warp`` state rows per warp."""
+
+    warps: int = 4
+    rows_per_warp: int = 4
+    min_blocks: int = 4  # CTAs per SM the register allocation must allow (caps registers at 65536 / (threads · this))
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.warps * self.rows_per_warp
+
+
+def kernel_arguments(program: Program) -> list[tuple[str, str]]:
+    """``(C type, name)`` of every kernel argument, in order; the runtime passes them in this order."""
+    st = "STATE_T*"
+    args = [(st, "checkpoint"), (st, "state"), (st, "snapshots"), ("const float*", "initial"),
+            ("float*", "materialized"), ("float*", "rec_decay"), ("float*", "rec_write"), ("float*", "rec_key"),
+            ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
+            ("const int*", "drafts"), ("const int*", "accepted")]
+    for spec in program.declaration.inputs:
+        args.append(("const float*", ("tok_" if spec.kind == "token" else "par_") + spec.name))
+    args += [("float*", "out"), ("int", "rows"), ("int", "t_tok")]
+    return args
+
+
+def grid_of(kernel: Kernel, program: Program, launch: LaunchConfig, rows: int) -> tuple[tuple, tuple]:
+    """(grid, block) for ``rows`` batch rows."""
+    if kernel.grid == ("B",):
+        return ((rows + FILL_THREADS - 1) // FILL_THREADS, 1, 1), (FILL_THREADS, 1, 1)
+    tiles = (program.shape.v_dim + launch.rows_per_cta - 1) // launch.rows_per_cta
+    return (tiles, program.shape.heads, rows), (launch.threads, 1, 1)
+
+
+# --- the facts a kernel template needs, read off its statements -----------------------------------
+@dataclass
+class Facts:
+    family: str
+    guards: dict  # op (or op:buffer) -> C condition guarding it ("" when unguarded)
+    stmts: dict  # op -> Stmt (last one seen)
+    drafts: bool  # tokens per row from drafts[b] (verify-like) or one
+
+
+def _facts(kernel: Kernel) -> Facts:
+    guards, stmts = {}, {}
+    for stmt, conds in kernel.statements():
+        cond = " && ".join(("!" if neg else "") + c for c, neg in conds)
+        key = stmt.op + (":" + stmt.attr("buffer") if stmt.attr("buffer") else "")
+        if stmt.op == "load_state":
+            key += ":" + (stmt.ins[0] if stmt.ins else "row")
+        guards[key] = cond
+        stmts[stmt.op] = stmt
+    ops = set(stmts)
+    family = ("fill" if "set_fill" in ops else "replay" if "replay" in ops else "recur" if "recur" in ops
+              else "fold" if "fold" in ops else "copy")
+    drafts = "t" in stmts["row"].outs
+    return Facts(family, guards, stmts, drafts)
+
+
+def _guarded(cond: str, body: list[str]) -> list[str]:
+    if not cond:
+        return body
+    return [f"if ({cond}) {{"] + ["    " + line for line in body] + ["}"]
+
+
+# --- pieces shared by the templates ---------------------------------------------------------------
+def _prologue(f: Facts, program: Program) -> list[str]:
+    lines = [
+        "const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;",
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;",
+        "const int v0 = blockIdx.x * BV;",
+        "const int slot = slots[b];",
+        "if (slot < 0) return;  // null slot: a padded row touches nothing",
+        "const int src = src_page[b], dst = dst_page[b];",
+        f"const int t = {'drafts[b]' if f.drafts else '1'};",
+    ]
+    if "load_fill" in f.stmts:
+        lines.append("int n = fill[slot];")
+    elif f.family != "copy":
+        lines.append("const int n = 0;")
+    if "flush_rule" in f.stmts:
+        rule = f.stmts["flush_rule"].attr("rule")
+        lines.append("const bool flush = " + ("n + 1 >= WINDOW;" if rule == "step" else "n + t > CAPACITY;"))
+    lines.append("(void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;")
+    return lines
+
+
+def _state_page_lines(f: Facts) -> list[str]:
+    lines = ["int page = src;"]
+    if f.guards.get("load_state:checkpoint:dst") is not None:
+        lines += _guarded(f.guards["load_state:checkpoint:dst"], ["page = dst;"])
+    return lines
+
+
+def _fields(program: Program, decl) -> list[str]:
+    """Head-level fields of tokens j < t (one warp per token) into shared memory."""
+    r = ExprRenderer(decl, "f")
+    ex = decl.expressions()
+    key = r.render(ex["key"], "K")
+    query = r.render(ex["query"], "K")
+    lines = ["for (int j = warp; j < t; j += WARPS) {"]
+    body = list(r.lines)
+    stores = [f"    if (e < K) {{ sh_key[(n + j) * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"]
+    scalar_lines = []
+    if decl.decay_form == "vector":
+        rv = ExprRenderer(decl, "g")
+        g = rv.render(ex["decay"], "K")
+        body += rv.lines
+        stores[0] += f" sh_g[j * K + e] = {g}[i];"
+    elif decl.decay_form == "scalar":
+        rs = ExprRenderer(decl, "g")
+        g = rs.render(ex["decay"], "")
+        body += rs.lines
+        scalar_lines.append(f"sh_g[j] = {g};")
+    strength = ex.get("beta", ex.get("strength"))
+    if strength is not None:
+        rb = ExprRenderer(decl, "s")
+        s = rb.render(strength, "")
+        body += rb.lines
+        scalar_lines.append(f"sh_beta[j] = {s};")
+    else:
+        scalar_lines.append("sh_beta[j] = 1.f;")
+    stores[0] += " }"
+    lines += ["    " + x for x in body]
+    lines += ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
+              "    " + stores[0], "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"]
+    return lines
+
+
+def _row_fields(decl, j: str = "j") -> tuple[list[str], dict]:
+    """Row-level fields (value, skip, gate) of token ``j`` at state row ``row``."""
+    ex = decl.expressions()
+    r = ExprRenderer(decl, "r")
+    names = {role: r.render(ex[role], "V") for role in ("value", "skip", "gate") if role in ex}
+    return r.lines, names
+
+
+def _epilogue(names: dict) -> list[str]:
+    lines = []
+    if "skip" in names:
+        lines.append(f"o += {names['skip']};")
+    if "gate" in names:
+        lines.append(f"o *= silu_f({names['gate']});")
+    return lines
+
+
+def _load_records(decl) -> list[str]:
+    kh = "KEY_HEADS"
+    khead = "hk" if decl.key_level == "group" else "hv"
+    lines = [f"for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * {kh} + {khead}) * CAPACITY * K + x];"]
+    if decl.decay_form == "scalar":
+        lines.append("for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];")
+    elif decl.decay_form == "vector":
+        lines.append("for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];")
+    return lines
+
+
+def _decay_between(decl, a: str, b: str, e: str = "e") -> str:
+    """``exp(G_a − G_b)`` at element ``e`` (records' cumulative decays in ``sh_G``)."""
+    if decl.decay_form == "none":
+        return "1.f"
+    if decl.decay_form == "scalar":
+        return f"expf(sh_G[{a}] - sh_G[{b}])"
+    return f"expf(sh_G[({a}) * K + {e}] - sh_G[({b}) * K + {e}])"
+
+
+def _decay_of(decl, a: str, e: str = "e") -> str:
+    """``exp(G_a)`` (decay since the checkpoint)."""
+    if decl.decay_form == "none":
+        return "1.f"
+    if decl.decay_form == "scalar":
+        return f"expf(sh_G[{a}])"
+    return f"expf(sh_G[({a}) * K + {e}])"
+
+
+def _row_loads(decl, state_expr: str, with_records: bool) -> list[str]:
+    lines = [
+        "float s[RPW][KE];",
+        "float wv[RPW];" if with_records else "",
+        "#pragma unroll",
+        "for (int r = 0; r < RPW; ++r) {",
+        "    const int row = v0 + warp * RPW + r;",
+        f"    if (row < V) load_row({state_expr}, s[r], lane);",
+    ]
+    if with_records:
+        lines.append("    wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;")
+    lines.append("}")
+    return [line for line in lines if line]
+
+
+def _fold_rows(decl, last: str, count: str) -> list[str]:
+    """s ← s·e^{G_last} + Σ_{m<count} w_m (k_m ⊙ e^{G_last − G_m}) for the warp's rows."""
+    return [
+        "#pragma unroll",
+        "for (int r = 0; r < RPW; ++r) {",
+        "    #pragma unroll",
+        "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= "
+        + (f"{_decay_of(decl, last)}; }}" if decl.decay_form != "none" else "1.f; }"),
+        f"    for (int m = 0; m < {count}; ++m) {{",
+        "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
+        "        #pragma unroll",
+        "        for (int i = 0; i < KE; ++i) {",
+        "            const int e = k_index(i, lane);",
+        f"            if (e < K) s[r][i] += wm * sh_key[m * K + e] * {_decay_between(decl, last, 'm')};",
+        "        }",
+        "    }",
+        "}",
+    ]
+
+
+def _draft_row_loop(inner: list[str]) -> list[str]:
+    """Drafts outside (sequential), the warp's rows inside (unrolled: independent reductions)."""
+    return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
+             "        const int row = v0 + warp * RPW + r;", "        if (row < V) {"]
+            + ["            " + x for x in inner] + ["        }", "    }", "}"])
+
+
+def _store_rows(target: str) -> list[str]:
+    return ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
+            f"    if (row < V) store_row({target}, s[r], lane);", "}"]
+
+
+CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
+STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
+
+
+# --- templates ------------------------------------------------------------------------------------
+def _shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
+    tn = "TMAX" if drafts else "1"
+    keys = "NREC" if replay else tn
+    lines = [f"__shared__ __align__(16) float sh_key[{keys} * K];",
+             f"__shared__ __align__(16) float sh_q[{tn} * K];",
+             f"__shared__ float sh_beta[{tn}];"]
+    if replay:
+        lines += [f"__shared__ __align__(16) float sh_qd[{tn} * K];",
+                  f"__shared__ __align__(16) float sh_kd[{tn} * K];" if decl.is_delta else "",
+                  f"__shared__ float sh_sq[{tn} * NREC];",
+                  f"__shared__ float sh_sk[{tn} * NREC];"]
+    if decl.decay_form == "scalar":
+        lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
+    elif decl.decay_form == "vector":
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];" if replay else "",
+                  f"__shared__ __align__(16) float sh_g[{tn} * K];"]
+    return [line for line in lines if line]
+
+
+def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
+    decl = program.declaration
+    body = _prologue(f, program) + _shared_decls(decl, f.drafts, replay=True)
+    if "empty_records" in f.stmts:
+        body += _guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
+    body += _state_page_lines(f)
+    body += _guarded(f.guards.get("load_records", ""), _load_records(decl))
+    body += _fields(program, decl)
+    body.append("__syncthreads();")
+    # cumulate: G_{n+j} = G_{n-1} + Σ g
+    if decl.decay_form == "scalar":
+        body += ["if (tid == 0) { float acc = n ? sh_G[n - 1] : 0.f; for (int j = 0; j < t; ++j) { acc += sh_g[j]; sh_G[n + j] = acc; } }"]
+    elif decl.decay_form == "vector":
+        body += ["for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
+                 "    for (int j = 0; j < t; ++j) { acc += sh_g[j * K + e]; sh_G[(n + j) * K + e] = acc; } }"]
+    body.append("__syncthreads();")
+    # scores and decayed query/key vectors
+    body += [
+        "for (int p = warp; p < t * NREC; p += WARPS) {",
+        "    const int j = p / NREC, i = p % NREC;",
+        "    if (i > n + j) continue;",
+        "    float aq = 0.f, ak = 0.f;",
+        "    #pragma unroll",
+        "    for (int c = 0; c < KE; ++c) {",
+        "        const int e = k_index(c, lane);",
+        "        if (e < K) {",
+        f"            const float kd = sh_key[i * K + e]" + (f" * {_decay_between(decl, 'n + j', 'i')}" if decl.decay_form == "vector" else "") + ";",
+        "            aq += kd * sh_q[j * K + e];",
+        "            ak += kd * sh_key[(n + j) * K + e];",
+        "        }",
+        "    }",
+        f"    const float scale = {_decay_between(decl, 'n + j', 'i') if decl.decay_form == 'scalar' else '1.f'};",
+        "    aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;",
+        "    if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }",
+        "}",
+        "for (int x = tid; x < t * K; x += THREADS) {",
+        "    const int j = x / K, e = x % K;",
+        f"    const float dec = {_decay_of(decl, 'n + j')};",
+        "    sh_qd[x] = sh_q[x] * dec;",
+        "    sh_kd[x] = sh_key[(n + j) * K + e] * dec;" if decl.is_delta else "    (void)e;",
+        "}",
+        "__syncthreads();",
+    ]
+    append_guard = f.guards.get("append")
+    # head-level records: one V-tile writes decays, the first head of a group writes keys
+    if append_guard is not None:
+        kh_cond = "hv % GROUP == 0" if decl.key_level == "group" else "true"
+        khead = "hk" if decl.key_level == "group" else "hv"
+        rec = ["if (blockIdx.x == 0) {"]
+        if decl.decay_form == "scalar":
+            rec.append("    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];")
+        elif decl.decay_form == "vector":
+            rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];")
+        rec.append(f"    if ({kh_cond}) for (int x = tid; x < t * K; x += THREADS) "
+                   f"rec_key[(((size_t)slot * KEY_HEADS + {khead}) * CAPACITY + n) * K + x] = sh_key[n * K + x];")
+        rec.append("}")
+        body += _guarded(append_guard, rec)
+    # rows
+    body += _row_loads(decl, CHECKPOINT_ROW.format(page="page"), with_records=True)
+    row_lines, names = _row_fields(decl)
+    strength = "sh_beta[j]"
+    write = (f"const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));\n"
+             f"const float w = {strength} * ({names['value']} - pk);") if decl.is_delta else f"const float w = {strength} * {names['value']};"
+    per_draft = bool(f.stmts["store_output"].attr("per_draft"))
+    inner = row_lines + write.split("\n") + [
+        "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
+        " + w * sh_sq[j * NREC + n + j];",
+    ] + _epilogue(names) + [
+        "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
+        else "if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
+        "if (lane == n + j) wv[r] = w;",
+    ]
+    if append_guard is not None:
+        inner += _guarded(append_guard, ["if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
+    body += _draft_row_loop(inner)
+    if "fold_tokens" in f.stmts:
+        fold = _fold_rows(decl, "n + t - 1", "n + t") + _store_rows(CHECKPOINT_ROW.format(page="dst"))
+        body += _guarded(f.guards["fold_tokens"], fold)
+    return body
+
+
+def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
+    decl = program.declaration
+    body = _prologue(f, program) + _shared_decls(decl, f.drafts, replay=False)
+    body += _fields(program, decl)  # n = 0: keys at sh_key[j * K]
+    body.append("__syncthreads();")
+    body += _row_loads(decl, STATE_ROW.format(page="src"), with_records=False)
+    row_lines, names = _row_fields(decl)
+    decay = {"none": [], "scalar": ["const float a = expf(sh_g[j]);",
+                                    "#pragma unroll", "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
+             "vector": ["#pragma unroll",
+                        "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_g[j * K + e]); }"]}[decl.decay_form]
+    write = (["const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));",
+              f"const float w = sh_beta[j] * ({names['value']} - pk);"] if decl.is_delta
+             else [f"const float w = sh_beta[j] * {names['value']};"])
+    snapshots = f.stmts["recur"].attr("snapshots")
+    inner = row_lines + decay + write + [
+        "#pragma unroll",
+        "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
+        "float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));",
+    ] + _epilogue(names) + [
+        "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
+    ]
+    if snapshots:
+        inner.append("store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);")
+    body += _draft_row_loop(inner)
+    if not snapshots:
+        body += _store_rows(STATE_ROW.format(page="dst"))
+    return body
+
+
+def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
+    decl = program.declaration
+    body = _prologue(f, program)
+    guard = f.guards.get("fold", "")
+    if guard:
+        body.append(f"if (!({guard})) return;")
+    body += ["__shared__ __align__(16) float sh_key[NREC * K];"]
+    if decl.decay_form == "scalar":
+        body.append("__shared__ float sh_G[NREC];")
+    elif decl.decay_form == "vector":
+        body.append("__shared__ __align__(16) float sh_G[NREC * K];")
+    body += _load_records(decl) + ["__syncthreads();"]
+    body += _row_loads(decl, CHECKPOINT_ROW.format(page="src"), with_records=True)
+    body += ["if (n > 0) {"] + ["    " + x for x in _fold_rows(decl, "n - 1", "n")] + ["}"]
+    if "store_state:materialized" in f.guards:
+        body += _store_rows("materialized + (((size_t)b * HV + hv) * V + row) * K")
+    else:
+        body += _store_rows(CHECKPOINT_ROW.format(page="dst"))
+    return body
+
+
+def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
+    body = _prologue(f, program)
+    body += ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
+             "    if (row >= V) continue;", "    float s[KE];",
+             "    load_row(initial + (((size_t)b * HV + hv) * V + row) * K, s, lane);",
+             "    store_row(" + CHECKPOINT_ROW.format(page="dst") + ", s, lane);", "}"]
+    return body
+
+
+def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
+    value = f.stmts["set_fill"].attr("value")
+    update = {
+        "zero": "fill[slot] = 0;",
+        "advance": "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;",
+        "commit": "fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];",
+    }[value]
+    return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
+            "const int slot = slots[b];", "if (slot < 0) return;", "const int n = fill[slot];", "(void)n;", update]
+
+
+TEMPLATES = {"replay": _render_replay, "recur": _render_recur, "fold": _render_fold, "copy": _render_copy,
+             "fill": _render_fill}
+
+
+def render_kernel(kernel: Kernel, program: Program, launch: LaunchConfig) -> str:
+    f = _facts(kernel)
+    body = TEMPLATES[f.family](kernel, f, program)
+    args = ",\n    ".join(f"{ctype} __restrict__ {name}" if "*" in ctype else f"{ctype} {name}"
+                          for ctype, name in kernel_arguments(program))
+    bounds = (f"__launch_bounds__({FILL_THREADS})" if f.family == "fill"
+              else f"__launch_bounds__({launch.threads}, {launch.min_blocks})")
+    plan = "\n".join("// " + line for line in kernel.pretty().splitlines())
+    return (f"{plan}\nextern \"C\" __global__ void {bounds} {kernel.name}(\n    {args})\n{{\n"
+            + "\n".join("    " + line for line in body) + "\n}\n")
+
+
+def _constants(program: Program, launch: LaunchConfig) -> list[str]:
+    shape, cfg, decl = program.shape, program.config, program.declaration
+    K = shape.k_dim
+    vec = 4 if K % 4 == 0 else 1
+    kch = -(-K // (32 * vec))
+    nrec = cfg.capacity + 1
+    if nrec > 32:
+        raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "
+                            "record per lane (use a smaller window or fewer drafts)")
+    consts = {"HV": shape.heads, "H": shape.key_heads, "GROUP": shape.group_size, "V": shape.v_dim, "K": K,
+              "KEY_HEADS": shape.key_heads if decl.key_level == "group" else shape.heads,
+              "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
+              "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
+              "BV": launch.rows_per_cta, "THREADS": launch.threads}
+    return [f"#define {name} {value}" for name, value in consts.items()]
+
+
+def render_program(program: Program, launch: LaunchConfig | None = None, kernels=None) -> str:
+    """The whole CUDA source of ``program`` (or of the named ``kernels``), deterministic."""
+    launch = launch or LaunchConfig()
+    decl, shape, cfg = program.declaration, program.shape, program.config
+    state_t = STATE_C_TYPES[cfg.state_dtype]
+    header = [
+        f"// Generated by replayssm-dsl: ReplaySSM decode kernels for recurrence {decl.name!r}",
+        f"// declaration fingerprint {decl.fingerprint}",
+        f"// shape: HV={shape.heads} H={shape.key_heads} V={shape.v_dim} K={shape.k_dim}; "
+        f"window L={cfg.window}, max drafts T={cfg.max_drafts}, state {cfg.state_dtype}; "
+        f"launch {launch.warps} warps x {launch.rows_per_warp} rows",
+        "//",
+    ] + ["// " + line for line in decl.describe().splitlines()] + [""]
+    includes = []
+    if cfg.state_dtype == "float16":
+        includes = ["#define REPLAY_HALF_STATE 1"]
+    elif cfg.state_dtype == "bfloat16":
+        includes = ["#define REPLAY_BF16_STATE 1"]
+    parts = header + includes + _constants(program, launch) + [f"typedef {state_t} STATE_T;", "",
+                                                               COMMON_HEADER.read_text().replace("#pragma once\n", ""), ""]
+    for kernel in program.kernels:
+        if kernels is None or kernel.name in kernels:
+            parts.append(render_kernel(kernel, program, launch))
+    return "\n".join(parts)

@@ -1,0 +1,137 @@
+"""Runtime layer: the replay cache on the GPU (CuPy device buffers, generated kernels).
+
+Same API as ``CpuReplayCache`` (``cache_base.py``). Tokens and states may be CuPy arrays or torch
+tensors on the GPU (shared without copies through ``__cuda_array_interface__``), float32 and
+C-contiguous; host (NumPy) arrays are copied over. Slot and page arrays are checked on the host,
+then copied to the device. For CUDA-graph capture, ``launch_step``/``launch_verify``/``launch_commit``
+take device-resident int32 batch arrays and do no host work at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl.errors import InputError
+from replayssm_dsl.lowering.render_cuda import LaunchConfig, kernel_arguments
+
+from .cache_base import ReplayCacheBase
+from .cuda_module import CompiledProgram, _cupy
+
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
+
+
+class CudaReplayCache(ReplayCacheBase):
+    check_token_values = False  # no device→host synchronisation in the decode loop
+
+    def __init__(self, decl, shape, config=None, *, slots: int, params: dict, pages: int | None = None,
+                 launch: LaunchConfig | None = None, stream=None):
+        super().__init__(decl, shape, config, slots=slots, params=params, pages=pages)
+        cp = _cupy()
+        self.cp, self.stream = cp, stream
+        self.compiled = CompiledProgram(self.program, launch)
+        self.buffers = {}
+        for buf in self.program.buffers:
+            if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
+                dtype = np.int32 if buf.dtype == "int32" else STORAGE[buf.dtype]
+                self.buffers[buf.name] = cp.zeros(self._dims(buf.dims), dtype)
+        for name, value in self.params.items():
+            self.buffers[name] = cp.ascontiguousarray(cp.asarray(value, dtype=cp.float32))
+        self._dummy = {"float": cp.zeros(4, cp.float32), "int": cp.zeros(4, cp.int32),
+                       "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
+        self._args = kernel_arguments(self.program)
+
+    @property
+    def source(self) -> str:
+        """The generated CUDA source of this cache's kernels."""
+        return self.compiled.source
+
+    def _array_requirements(self) -> dict:
+        return {"dtypes": ("float32",)}
+
+    def _device(self, array):
+        cp = self.cp
+        if isinstance(array, np.ndarray):
+            return cp.asarray(array)
+        if hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__"):
+            dev = cp.asarray(array) if hasattr(array, "__cuda_array_interface__") else cp.from_dlpack(array)
+            if not dev.flags.c_contiguous:
+                raise InputError(f"array with strides {dev.strides} must be C-contiguous")
+            return dev
+        raise InputError(f"expected a CuPy array, torch CUDA tensor or NumPy array, got {type(array).__name__}")
+
+    def _output(self, out, shape, name, dtype="float32"):
+        cp = self.cp
+        if out is None:
+            return cp.empty(shape, STORAGE[dtype])
+        dev = self._device(out)
+        if tuple(dev.shape) != tuple(shape):
+            raise InputError(f"{name}: expected shape {list(shape)}, got {list(dev.shape)}")
+        return dev
+
+    def _device_batch(self, batch: dict) -> dict:
+        return {k: self.cp.asarray(v, dtype=self.cp.int32) for k, v in batch.items()}
+
+    def _launch(self, kernel, rows, batch, tokens=None, **arrays):
+        dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
+        t_tok = 1
+        toks = {}
+        for name, value in (tokens or {}).items():
+            arr = self._device(value)
+            toks[name] = arr.astype(self.cp.float32, copy=False)
+            t_tok = int(arr.shape[1])
+        named = {**self.buffers, **{k: self._device(v) for k, v in arrays.items()}}
+        args = []
+        for ctype, name in self._args:
+            if name == "rows":
+                args.append(np.int32(rows))
+            elif name == "t_tok":
+                args.append(np.int32(t_tok))
+            elif name == "slots":
+                args.append(dev["slot"])
+            elif name in dev:
+                args.append(dev[name])
+            elif name.startswith("tok_"):
+                args.append(toks[name[4:]])
+            elif name.startswith("par_"):
+                args.append(self.buffers[name[4:]])
+            elif name in named:
+                args.append(named[name])
+            else:
+                args.append(self._dummy["state" if ctype == "STATE_T*" else "int" if "int" in ctype else "float"])
+        self.compiled.launch_kernel(kernel, rows, tuple(args), self.stream)
+
+    def _to_storage(self, values):
+        """float32 device values → the state buffer's storage (bf16 as round-to-nearest-even bits)."""
+        cp = self.cp
+        if self.config.state_dtype != "bfloat16":
+            return values.astype(STORAGE[self.config.state_dtype])
+        bits = cp.ascontiguousarray(values, dtype=cp.float32).view(cp.uint32)
+        return ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+    def _store_conventional(self, batch, states):
+        states = self._device(states)
+        live = np.flatnonzero(batch["slot"] >= 0)
+        pages = self.cp.asarray(batch["src_page"][live])
+        self.buffers["state"][pages] = self._to_storage(states[self.cp.asarray(live)])
+
+    def fills(self) -> np.ndarray:
+        return self.cp.asnumpy(self.buffers["fill"])
+
+    def checkpoint(self, page: int):
+        return self.cp.asnumpy(self.buffers["checkpoint"][page])
+
+    # --- graph-capturable launches: device-resident batch arrays, no host work ------------------------
+    def launch_step(self, batch: dict, tokens: dict, out) -> None:
+        """``batch``: device int32 arrays ``slot, src_page, dst_page, drafts, accepted`` ``[B]``;
+        ``tokens[name]``: device ``[B, 1, ...]``; ``out``: ``[B, 1, HV, V]``. Unchecked."""
+        rows = int(batch["slot"].shape[0])
+        self._launch("replay_step", rows, batch, tokens, out=out)
+        self._launch("advance_fill", rows, batch)
+
+    def launch_verify(self, batch: dict, tokens: dict, out) -> None:
+        rows = int(batch["slot"].shape[0])
+        self._launch("flush_for_verify", rows, batch)
+        self._launch("verify", rows, batch, tokens, out=out)
+
+    def launch_commit(self, batch: dict) -> None:
+        self._launch("commit", int(batch["slot"].shape[0]), batch)

@@ -1,0 +1,89 @@
+"""Runtime layer: a lowered program compiled for the GPU through CuPy's ``RawModule``.
+
+``CompiledProgram.source`` is the generated CUDA; modules are cached in-process by the sha256 of
+their source (CuPy keeps its own on-disk cache of cubins under the same key), and each source is
+written to ``REPLAYSSM_DUMP_DIR`` when that is set. Kernels launch on the caller's current stream:
+a CuPy stream, or a torch stream passed as ``stream=`` (anything with ``__cuda_stream__`` or
+``cuda_stream``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from replayssm_dsl import knobs
+from replayssm_dsl.lowering.ir import Program
+from replayssm_dsl.lowering.render_cuda import LaunchConfig, grid_of, render_program
+
+_MODULES: dict[str, object] = {}
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the CUDA backend needs CuPy: pip install 'replayssm-dsl[cuda]'") from exc
+    return cupy
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def as_cupy_stream(stream):
+    """A CuPy stream for ``stream`` (None: the current one; CuPy stream; torch stream)."""
+    cupy = _cupy()
+    if stream is None or isinstance(stream, cupy.cuda.Stream):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        _, handle = stream.__cuda_stream__()
+    elif hasattr(stream, "cuda_stream"):
+        handle = stream.cuda_stream
+    else:
+        raise TypeError(f"stream: expected a CuPy or torch CUDA stream, got {type(stream).__name__}")
+    return cupy.cuda.ExternalStream(int(handle))
+
+
+class CompiledProgram:
+    """The CUDA module of one program and launch configuration."""
+
+    def __init__(self, program: Program, launch: LaunchConfig | None = None):
+        self.program = program
+        self.launch = launch or LaunchConfig()
+        self.source = render_program(program, self.launch)
+        self.hash = source_hash(self.source)
+        self._module = None
+        self._kernels = {}
+
+    @property
+    def module(self):
+        if self._module is None:
+            self._module = _MODULES.get(self.hash)
+            if self._module is None:
+                self._dump()
+                cupy = _cupy()
+                self._module = cupy.RawModule(code=self.source, options=("-std=c++17",),
+                                              name_expressions=None)
+                _MODULES[self.hash] = self._module
+        return self._module
+
+    def _dump(self) -> None:
+        where = knobs.dump_dir()
+        if where is not None:
+            where.mkdir(parents=True, exist_ok=True)
+            (where / f"{self.program.declaration.name}-{self.hash[:12]}.cu").write_text(self.source)
+
+    def kernel(self, name: str):
+        if name not in self._kernels:
+            self._kernels[name] = self.module.get_function(name)
+        return self._kernels[name]
+
+    def launch_kernel(self, name: str, rows: int, args: tuple, stream=None) -> None:
+        grid, block = grid_of(self.program.kernel(name), self.program, self.launch, rows)
+        kernel = self.kernel(name)
+        stream = as_cupy_stream(stream)
+        if stream is None:
+            kernel(grid, block, args)
+        else:
+            with stream:
+                kernel(grid, block, args)

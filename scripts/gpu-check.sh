@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
+# Usage (device tool): bash scripts/gpu-check.sh [tests|sanitize|bench|all]   (default: all)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+what=${1:-all}
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  export PYTHONPATH=/tmp/site
+fi
+nvidia-smi -L
+summary=()
+if [[ $what == all || $what == tests ]]; then
+  python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs 2>&1 | tee "$OUT/gpu-tests.log"
+  summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
+  python3 -m pytest tests -q -p no:cacheprovider -m "not gpu and not fla" -x 2>&1 | tail -1 | tee "$OUT/cpu-tests.log"
+  summary+=("cpu tests on device: $(tail -1 "$OUT/cpu-tests.log")")
+fi
+if [[ $what == all || $what == sanitize ]]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py > "$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)")
+  done
+fi
+if [[ $what == all || $what == bench ]]; then
+  python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+echo "==================== summary ===================="
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,39 @@
+"""Exercise every generated kernel once on small shapes (for compute-sanitizer memcheck/racecheck).
+
+Run on a GPU: ``compute-sanitizer --tool memcheck python scripts/sanitize_small.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+
+
+def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0) -> None:
+    decl = variants.get(name)
+    rng = np.random.default_rng(seed)
+    cache = CudaReplayCache(decl, shape, config, slots=4, params=random_params(decl, shape, rng))
+    cache.load([0, 1, 2], random_state(shape, rng, (3,)).astype(np.float32))
+    cache.load_conventional([0, 1], random_state(shape, rng, (2,)).astype(np.float32))
+    for i in range(config.window + 3):
+        cache.step([2, -1, 0, 1], {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (4,)).items()})
+        cache.conventional_step([1, 0], {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (2,)).items()})
+    for t in (1, config.max_drafts):
+        toks = {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (3, t)).items()}
+        cache.verify([1, -1, 0], toks, [t, 0, max(1, t - 1)])
+        cache.commit([t, 0, 1])
+    cache.snapshot_verify([0, 1], {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (2, 2)).items()}, [2, 1])
+    cache.flush([0, 1])
+    cache.materialize([2, 0])
+    import cupy
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+if __name__ == "__main__":
+    for name in ("gdn", "kda", "mamba2", "gla"):
+        exercise(name, ModelShape(4, 2, 40, 64), ReplayConfig(window=4, max_drafts=3))
+    exercise("gdn", ModelShape(2, 1, 8, 6), ReplayConfig(window=2, max_drafts=2))
+    print("sanitize_small: all kernels ran")

@@ -1,0 +1,232 @@
+"""GPU tests: the generated CUDA kernels against the float64 plain recurrence (and the CPU executor).
+
+Marked ``gpu``: skipped without CuPy and a CUDA device. Every output array is poisoned with NaN
+before the launch that should write it; NaN never passes. Tolerances (relative to the largest
+reference magnitude): FP32 state 2e-4; FP16 state 2e-3 and BF16 state 2e-2 against the FP32 CPU
+executor that rounds the checkpoint at the same points.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replayssm_dsl import ModelShape, Recurrence, ReplayConfig, delta, ops, variants
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+from twin import ReplayTwin, assert_close, to_host
+
+pytestmark = pytest.mark.gpu
+FP32_TOL = 2e-4
+GPU_SHAPES = [ModelShape(2, 1, 16, 32), ModelShape(4, 2, 80, 96), ModelShape(2, 2, 60, 64), ModelShape(3, 1, 8, 6)]
+GPU_CONFIGS = [ReplayConfig(window=4, max_drafts=3), ReplayConfig(window=16, max_drafts=8)]
+GPU_SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def gated_delta_with_skip():
+    """A variant that is not built in, declared here: GDN-like with a per-head decay bias, a
+    D skip on the value and a silu(z) output gate."""
+    r = Recurrence("gated_delta_skip")
+    q, k = r.token("q", per="group", size="K"), r.token("k", per="group", size="K")
+    v, a, b, z = r.token("v", size="V"), r.token("a"), r.token("b"), r.token("z", size="V")
+    bias, D = r.param("bias"), r.param("D")
+    return r.build(decay=-ops.softplus(a + bias) * 0.5, key=ops.l2norm(k), query=ops.l2norm(q),
+                   write=delta(value=v, beta=ops.sigmoid(b)), skip=D * v, gate=z)
+
+
+ALL_DECLS = {**{name: variants.get(name) for name in variants.BUILTINS}, "custom": gated_delta_with_skip()}
+decl_names = st.sampled_from(sorted(ALL_DECLS))
+
+
+def cuda_cache():
+    from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+    return CudaReplayCache
+
+
+def make_twin(decl, shape, config, seed, slots=4, tol=FP32_TOL):
+    return ReplayTwin(cuda_cache(), decl, shape, config, np.random.default_rng(seed), slots=slots, tol=tol)
+
+
+@GPU_SETTINGS
+@given(name=decl_names, shape=st.sampled_from(GPU_SHAPES), config=st.sampled_from(GPU_CONFIGS),
+       seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40), flush_every=st.sampled_from((0, 3, 7)))
+def test_gpu_steps_flush_materialize_match_oracle(name, shape, config, seed, steps, flush_every):
+    twin = make_twin(ALL_DECLS[name], shape, config, seed, slots=3)
+    twin.load([2, 0])
+    for i in range(steps):
+        twin.step([0, -1, 2] if i % 2 else [2, 0])
+        if flush_every and i % flush_every == 0:
+            twin.cache.flush([0])
+        if i % 9 == 0:
+            twin.check_materialize([0, 2])
+    twin.check_materialize([0, 2])
+
+
+@pytest.mark.parametrize("name", sorted(ALL_DECLS))
+def test_gpu_verify_every_draft_count_and_every_accepted_count(name):
+    """verify(t) for t = 1..8 and commit(a) for every a in 0..t, interleaved with steps, back to back."""
+    twin = make_twin(ALL_DECLS[name], ModelShape(4, 2, 80, 96), ReplayConfig(window=16, max_drafts=8), 7, slots=2)
+    twin.load([0, 1])
+    for t in range(1, 9):
+        for a in range(t + 1):
+            toks = twin.verify([1, 0], [t, max(1, t - 1)])
+            twin.commit([1, 0], toks, [a, min(a, max(1, t - 1))])
+            if (t + a) % 3 == 0:
+                twin.step([0, 1])
+    twin.check_materialize([0, 1])
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2", "custom"])
+def test_gpu_mixed_batch_at_every_fill_leaves_other_slots_untouched(name):
+    config = ReplayConfig(window=16, max_drafts=8)
+    shape = ModelShape(4, 2, 80, 96)
+    fills = list(range(config.capacity + 1))
+    twin = make_twin(ALL_DECLS[name], shape, config, 11, slots=len(fills) + 2)
+    slots = list(range(len(fills)))
+    twin.load(slots + [len(fills) + 1])
+    for slot, fill in zip(slots, fills):
+        for _ in range(min(fill, config.window - 1)):
+            twin.step([slot])
+        while twin.cache.fills()[slot] < fill:
+            t = min(fill - int(twin.cache.fills()[slot]), config.max_drafts)
+            twin.commit([slot], twin.verify([slot], [t]), [t])
+    bystander = len(fills) + 1
+    before = {k: to_host(v) for k, v in twin.cache.buffers.items()}
+    rng = np.random.default_rng(3)
+    order = list(rng.permutation(slots))
+    batch = order[:10] + [-1] + order[10:] + [-1, -1]
+    twin.step(batch)
+    twin.commit(batch, twin.verify(batch, [int(x) for x in rng.integers(1, 9, len(batch))]),
+                [1] * len(batch))
+    twin.step(batch)
+    twin.check_materialize(slots)
+    after = {k: to_host(v) for k, v in twin.cache.buffers.items()}
+    for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill"):
+        if key in before:
+            assert np.array_equal(before[key][bystander], after[key][bystander]), f"{key} of an idle slot changed"
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_long_run_stays_within_tolerance(name):
+    """2,000 steps (125 flushes per slot at L = 16) with speculative rounds mixed in."""
+    twin = make_twin(ALL_DECLS[name], ModelShape(4, 2, 64, 128), ReplayConfig(window=16, max_drafts=8), 5, slots=4)
+    twin.load([0, 1, 2, 3])
+    for i in range(4):  # stagger the fills
+        for _ in range(i * 4):
+            twin.step([i])
+    for i in range(2000):
+        twin.step([3, 1, 0, 2])
+        if i % 97 == 0:
+            toks = twin.verify([0, 1, 2, 3], [8, 4, 2, 1])
+            twin.commit([0, 1, 2, 3], toks, [3, 4, 0, 1])
+    twin.check_materialize([0, 1, 2, 3])
+    assert twin.max_err <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2", "custom"])
+def test_gpu_baselines_match_oracle(name):
+    from replayssm_dsl.reference import plain_recurrence
+    decl, shape = ALL_DECLS[name], ModelShape(4, 2, 80, 96)
+    rng = np.random.default_rng(2)
+    params = random_params(decl, shape, rng)
+    cache = cuda_cache()(decl, shape, ReplayConfig(window=16, max_drafts=8), slots=3, params=params)
+    S0 = random_state(shape, rng, (2,))
+    cache.load_conventional([2, 0], S0)
+    toks = random_tokens(decl, shape, rng, (2, 6))
+    for j in range(6):
+        out = cache.conventional_step([2, 0], {k: v[:, j] for k, v in toks.items()},
+                                      out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
+        for b in range(2):
+            o, _ = plain_recurrence(decl, shape, {k: v[b, :j + 1] for k, v in toks.items()}, params, S0[b])
+            assert_close(out[b], o[-1], FP32_TOL, f"conventional step {j}")
+    cache.load_conventional([1], S0[:1])
+    vt = random_tokens(decl, shape, rng, (1, 5))
+    out, snaps = cache.snapshot_verify([1], vt, [5], out=cache.poisoned((1, 5, shape.heads, shape.v_dim)))
+    o, _ = plain_recurrence(decl, shape, {k: v[0] for k, v in vt.items()}, params, S0[0])
+    assert_close(out[0], o, FP32_TOL, "snapshot verify outputs")
+    for j in range(5):
+        _, S = plain_recurrence(decl, shape, {k: v[0, :j + 1] for k, v in vt.items()}, params, S0[0])
+        assert_close(snaps[0, j], S, FP32_TOL, f"snapshot {j}")
+
+
+@pytest.mark.parametrize("state_dtype,tol", [("float16", 2e-3), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("name", ["gdn", "mamba2", "kda"])
+def test_gpu_half_precision_checkpoints_match_cpu_rounding(name, state_dtype, tol):
+    from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+    decl, shape = ALL_DECLS[name], ModelShape(2, 1, 64, 64)
+    config = ReplayConfig(window=4, max_drafts=4, state_dtype=state_dtype)
+    rng = np.random.default_rng(9)
+    params = random_params(decl, shape, rng)
+    gpu = cuda_cache()(decl, shape, config, slots=2, params=params)
+    cpu = CpuReplayCache(decl, shape, config, slots=2, params=params, precision="float32")
+    S0 = random_state(shape, rng, (2,))
+    gpu.load([0, 1], S0.astype(np.float32))
+    cpu.load([0, 1], S0)
+    for i in range(30):
+        toks = random_tokens(decl, shape, rng, (2,))
+        g = gpu.step([0, 1], {k: v.astype(np.float32) for k, v in toks.items()},
+                     out=gpu.poisoned((2, 1, shape.heads, shape.v_dim)))
+        assert_close(g, cpu.step([0, 1], toks), tol, f"{state_dtype} step {i}")
+    assert_close(gpu.materialize([0, 1]), cpu.materialize([0, 1]), tol, f"{state_dtype} materialize")
+
+
+def test_gpu_cuda_graph_replays_a_decode_step_like_eager():
+    """A decode step captured in a CUDA graph (device-resident batch, no host sync) replays like
+    eager launches on a twin cache, through many flushes."""
+    import cupy as cp
+    decl, shape, config = ALL_DECLS["gdn"], ModelShape(4, 2, 64, 128), ReplayConfig(window=4, max_drafts=2)
+    rng = np.random.default_rng(4)
+    params = random_params(decl, shape, rng)
+    graphed = cuda_cache()(decl, shape, config, slots=4, params=params)
+    eager = cuda_cache()(decl, shape, config, slots=4, params=params)
+    S0 = random_state(shape, rng, (4,)).astype(np.float32)
+    graphed.load([0, 1, 2, 3], S0)
+    eager.load([0, 1, 2, 3], S0)
+    slots = np.array([2, 0, -1, 3, 1], np.int32)
+    batch = {k: cp.asarray(v) for k, v in graphed._batch(slots).items()}
+    toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (5,)).items()}
+    out = cp.full((5, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphed.stream = stream
+    graphed.launch_step(batch, toks, out)  # compile and load outside the capture
+    eager.step(slots, {k: v[:, 0] for k, v in toks.items()})
+    with stream:
+        stream.begin_capture()
+        graphed.launch_step(batch, toks, out)
+        graph = stream.end_capture()
+    for i in range(13):
+        new = random_tokens(decl, shape, rng, (5,))
+        for k, v in new.items():
+            toks[k][...] = cp.asarray(v[:, None].astype(np.float32))
+        out[...] = np.nan
+        stream.synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        want = eager.step(slots, {k: v[:, 0] for k, v in toks.items()})
+        live = slots >= 0
+        assert_close(out[live, 0], want[live], 1e-6, f"graph replay {i}")
+    assert np.array_equal(graphed.fills(), eager.fills())
+
+
+def test_gpu_torch_tensors_and_stream_without_copies():
+    torch = pytest.importorskip("torch")
+    decl, shape = ALL_DECLS["mamba2"], ModelShape(4, 2, 16, 32)
+    rng = np.random.default_rng(8)
+    params = random_params(decl, shape, rng)
+    cache = cuda_cache()(decl, shape, ReplayConfig(window=4, max_drafts=2), slots=2, params=params)
+    from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+    ref = CpuReplayCache(decl, shape, ReplayConfig(window=4, max_drafts=2), slots=2, params=params)
+    S0 = random_state(shape, rng, (2,))
+    cache.load([0, 1], torch.tensor(S0, dtype=torch.float32, device="cuda"))
+    ref.load([0, 1], S0)
+    stream = torch.cuda.Stream()
+    cache.stream = stream
+    for i in range(9):
+        toks = random_tokens(decl, shape, rng, (2,))
+        with torch.cuda.stream(stream):
+            tt = {k: torch.tensor(v, dtype=torch.float32, device="cuda") for k, v in toks.items()}
+            out = torch.full((2, 1, shape.heads, shape.v_dim), float("nan"), device="cuda")
+            cache.step([1, 0], tt, out=out)
+        stream.synchronize()
+        assert_close(out[:, 0].cpu().numpy(), ref.step([1, 0], toks), FP32_TOL, f"torch step {i}")
