@@ -161,7 +161,7 @@ class Recurrence:
     """Builder: declare inputs, then ``build`` the recurrence from expressions of them."""
 
     def __init__(self, name: str, doc: str = ""):
-        if not name.replace("_", "").isalnum() or not name[0].isalpha():
+        if not isinstance(name, str) or not name.replace("_", "").isalnum() or not name[0].isalpha():
             raise DeclarationError(f"name: {name!r} must start with a letter and hold letters, digits, '_'")
         self.name, self.doc = name, doc
         self._inputs: dict[str, InputSpec] = {}
@@ -266,6 +266,9 @@ def validate(decl: Declaration, declared: dict[str, InputSpec]) -> None:
                 if leaf.arg not in declared:
                     raise DeclarationError(f"{role}: uses input {leaf.arg!r}, which is not declared in "
                                            f"{decl.name!r} (declared: {sorted(declared)})")
+                if declared[leaf.arg].node is not leaf:
+                    raise DeclarationError(f"{role}: uses an input {leaf.arg!r} declared by another builder, "
+                                           f"with another kind, size, level or sign than {decl.name!r}'s own")
                 used.add(leaf.arg)
     if not any(spec.kind == "token" for spec in declared.values()):
         raise DeclarationError(f"inputs: {decl.name!r} declares no token input; a recurrence needs per-token inputs")

@@ -24,11 +24,12 @@ from .validation import check_accepted, check_array, check_drafts, check_pages, 
 
 
 class ReplayCacheBase:
-    check_token_values = True  # host backends check finiteness and signs of every token
+    """Values (finite, declared signs) are checked for host arrays; device arrays are checked for
+    shape, dtype and layout only, so the decode loop never waits on the GPU."""
 
     def __init__(self, decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None, *,
                  slots: int, params: dict, pages: int | None = None):
-        if not isinstance(slots, int) or slots < 1:
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise ConfigError(f"slots: must be a positive int, got {slots!r}")
         pages = slots if pages is None else pages
         if not isinstance(pages, int) or pages < slots:
@@ -77,14 +78,17 @@ class ReplayCacheBase:
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
             shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
             value = check_array(tokens[spec.name], f"tokens[{spec.name!r}]", shape, sign=spec.sign,
-                                check_values=self.check_token_values, **self._array_requirements())
+                                check_values=True)
             out[spec.name] = value if t is not None else value[:, None]
         return out
 
-    def _array_requirements(self) -> dict:
-        return {}
+    def _no_pending_verify(self, operation: str) -> None:
+        if self._last_verify is not None:
+            raise InputError(f"{operation}: the last verify is not committed yet; call commit(accepted) first "
+                             "(commit([0] * rows) rejects every draft)")
 
-    def _batch(self, slots, src_pages=None, dst_pages=None) -> dict:
+    def _batch(self, slots, src_pages=None, dst_pages=None, operation: str = "call") -> dict:
+        self._no_pending_verify(operation)
         slot = check_slots(slots, self.num_slots)
         rows = slot.shape[0]
         src = slot.copy() if src_pages is None else check_pages(src_pages, rows, self.num_pages, slot, "src_pages")
@@ -95,19 +99,18 @@ class ReplayCacheBase:
     # --- operations --------------------------------------------------------------------------------
     def step(self, slots, tokens: dict, *, src_pages=None, dst_pages=None, out=None):
         """One decode token per row: append a record and read, or fold and flush. ``[B, HV, V]``."""
-        batch = self._batch(slots, src_pages, dst_pages)
+        batch = self._batch(slots, src_pages, dst_pages, "step")
         rows = batch["slot"].shape[0]
         toks = self._check_tokens(tokens, rows, None)
         out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
         self._launch("replay_step", rows, batch, toks, out=out)
         self._launch("advance_fill", rows, batch)
-        self._last_verify = None
         return out[:, 0]
 
     def verify(self, slots, tokens: dict, drafts, *, src_pages=None, dst_pages=None, out=None):
         """Outputs of ``drafts[b]`` speculative tokens per row (``tokens[name]`` ``[B, T, ...]``);
         writes their records, moves no fill. Follow with ``commit``. Returns ``[B, T, HV, V]``."""
-        batch = self._batch(slots, src_pages, dst_pages)
+        batch = self._batch(slots, src_pages, dst_pages, "verify")
         rows = batch["slot"].shape[0]
         batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
         t = self._token_length(tokens)
@@ -132,26 +135,24 @@ class ReplayCacheBase:
 
     def flush(self, slots, *, src_pages=None, dst_pages=None):
         """Fold every record of the given slots into their checkpoints (fill becomes 0)."""
-        batch = self._batch(slots, src_pages, dst_pages)
+        batch = self._batch(slots, src_pages, dst_pages, "flush")
         rows = batch["slot"].shape[0]
         self._launch("flush", rows, batch)
         self._launch("reset_fill", rows, batch)
-        self._last_verify = None
 
     def load(self, slots, states, *, dst_pages=None):
         """Checkpoint ← ``states`` ``[B, HV, V, K]`` (e.g. prefill's final state); empties the buffer."""
-        batch = self._batch(slots, dst_pages, dst_pages)
+        batch = self._batch(slots, None, dst_pages, "load")
+        batch["src_page"] = batch["dst_page"].copy()
         rows = batch["slot"].shape[0]
         shape = (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        states = check_array(states, "states", shape, check_values=isinstance(states, np.ndarray),
-                             **self._array_requirements())
+        states = check_array(states, "states", shape)
         self._launch("load", rows, batch, initial=states)
         self._launch("reset_fill", rows, batch)
-        self._last_verify = None
 
     def materialize(self, slots, *, src_pages=None, out=None):
         """The plain state of each slot, ``[B, HV, V, K]``: checkpoint folded with its records."""
-        batch = self._batch(slots, src_pages)
+        batch = self._batch(slots, src_pages, operation="materialize")
         rows = batch["slot"].shape[0]
         out = self._output(out, (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim), "out")
         self._launch("materialize", rows, batch, materialized=out)
@@ -162,7 +163,7 @@ class ReplayCacheBase:
         """Baseline state ← ``states``, for ``conventional_step`` and ``snapshot_verify``."""
         batch = self._batch(slots)
         shape = (batch["slot"].shape[0], self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        check_array(states, "states", shape, check_values=isinstance(states, np.ndarray), **self._array_requirements())
+        check_array(states, "states", shape)
         self._store_conventional(batch, states)
 
     def conventional_step(self, slots, tokens: dict, *, out=None):

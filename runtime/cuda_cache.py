@@ -21,8 +21,6 @@ STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16} 
 
 
 class CudaReplayCache(ReplayCacheBase):
-    check_token_values = False  # no device→host synchronisation in the decode loop
-
     def __init__(self, decl, shape, config=None, *, slots: int, params: dict, pages: int | None = None,
                  launch: LaunchConfig | None = None, stream=None):
         super().__init__(decl, shape, config, slots=slots, params=params, pages=pages)
@@ -45,25 +43,29 @@ class CudaReplayCache(ReplayCacheBase):
         """The generated CUDA source of this cache's kernels."""
         return self.compiled.source
 
-    def _array_requirements(self) -> dict:
-        return {"dtypes": ("float32",)}
-
-    def _device(self, array):
+    def _device(self, array, name: str = "array", dtype=np.float32):
+        """A CuPy view of a device array (no copy), or a device copy of a host array in ``dtype``."""
         cp = self.cp
         if isinstance(array, np.ndarray):
-            return cp.asarray(array)
-        if hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__"):
-            dev = cp.asarray(array) if hasattr(array, "__cuda_array_interface__") else cp.from_dlpack(array)
-            if not dev.flags.c_contiguous:
-                raise InputError(f"array with strides {dev.strides} must be C-contiguous")
-            return dev
-        raise InputError(f"expected a CuPy array, torch CUDA tensor or NumPy array, got {type(array).__name__}")
+            return cp.asarray(array, dtype=dtype)
+        if isinstance(array, cp.ndarray) or hasattr(array, "__cuda_array_interface__"):
+            dev = cp.asarray(array)
+        elif hasattr(array, "__dlpack__"):
+            dev = cp.from_dlpack(array)
+        else:
+            raise InputError(f"{name}: expected a CuPy array, torch CUDA tensor or NumPy array, "
+                             f"got {type(array).__name__}")
+        if dev.dtype != dtype:
+            raise InputError(f"{name}: device arrays must be {np.dtype(dtype).name}, got {dev.dtype}")
+        if not dev.flags.c_contiguous:
+            raise InputError(f"{name}: must be C-contiguous, got strides {dev.strides}")
+        return dev
 
     def _output(self, out, shape, name, dtype="float32"):
         cp = self.cp
         if out is None:
             return cp.empty(shape, STORAGE[dtype])
-        dev = self._device(out)
+        dev = self._device(out, name, STORAGE[dtype])
         if tuple(dev.shape) != tuple(shape):
             raise InputError(f"{name}: expected shape {list(shape)}, got {list(dev.shape)}")
         return dev
@@ -76,10 +78,11 @@ class CudaReplayCache(ReplayCacheBase):
         t_tok = 1
         toks = {}
         for name, value in (tokens or {}).items():
-            arr = self._device(value)
-            toks[name] = arr.astype(self.cp.float32, copy=False)
-            t_tok = int(arr.shape[1])
-        named = {**self.buffers, **{k: self._device(v) for k, v in arrays.items()}}
+            toks[name] = self._device(value, f"tokens[{name!r}]")
+            t_tok = int(toks[name].shape[1])
+        named = {**self.buffers}
+        for name, value in arrays.items():
+            named[name] = self._device(value, name, STORAGE[self.config.state_dtype] if name == "snapshots" else np.float32)
         args = []
         for ctype, name in self._args:
             if name == "rows":
@@ -90,7 +93,7 @@ class CudaReplayCache(ReplayCacheBase):
                 args.append(dev["slot"])
             elif name in dev:
                 args.append(dev[name])
-            elif name.startswith("tok_"):
+            elif name.startswith("tok_") and name[4:] in toks:
                 args.append(toks[name[4:]])
             elif name.startswith("par_"):
                 args.append(self.buffers[name[4:]])
@@ -109,7 +112,7 @@ class CudaReplayCache(ReplayCacheBase):
         return ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
 
     def _store_conventional(self, batch, states):
-        states = self._device(states)
+        states = self._device(states, "states")
         live = np.flatnonzero(batch["slot"] >= 0)
         pages = self.cp.asarray(batch["src_page"][live])
         self.buffers["state"][pages] = self._to_storage(states[self.cp.asarray(live)])

@@ -35,6 +35,8 @@ def as_cupy_stream(stream):
     cupy = _cupy()
     if stream is None or isinstance(stream, cupy.cuda.Stream):
         return stream
+    if hasattr(stream, "__cuda_stream__") and hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(stream)
     if hasattr(stream, "__cuda_stream__"):
         _, handle = stream.__cuda_stream__()
     elif hasattr(stream, "cuda_stream"):

@@ -13,10 +13,8 @@ fi
 nvidia-smi -L
 summary=()
 if [[ $what == all || $what == tests ]]; then
-  python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs 2>&1 | tee "$OUT/gpu-tests.log"
+  python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
-  python3 -m pytest tests -q -p no:cacheprovider -m "not gpu and not fla" -x 2>&1 | tail -1 | tee "$OUT/cpu-tests.log"
-  summary+=("cpu tests on device: $(tail -1 "$OUT/cpu-tests.log")")
 fi
 if [[ $what == all || $what == sanitize ]]; then
   for tool in memcheck racecheck; do

@@ -278,12 +278,7 @@ def test_src_pages_out_of_range(busy, op, page):
         _ops(busy, [0, 1], src_pages=[4, page])[op]()
 
 
-LOAD_NAMES_DST = pytest.mark.xfail(strict=True, reason="source bug: ReplayCacheBase.load checks dst_pages "
-                                   "under the name 'src_pages' (runtime/cache_base.py, load: _batch(slots, "
-                                   "dst_pages, dst_pages))")
-
-
-@pytest.mark.parametrize("op", ["step", "verify", "flush", pytest.param("load", marks=LOAD_NAMES_DST)])
+@pytest.mark.parametrize("op", ["step", "verify", "flush", "load"])
 def test_dst_pages_out_of_range(busy, op):
     with refused(busy.cache, InputError, f"dst_pages[0] = {PAGES} is out of range [0, {PAGES})"):
         _ops(busy, [2, 3], src_pages=[2, 3], dst_pages=[PAGES, 5])[op]()
@@ -370,7 +365,9 @@ def test_commit_twice_and_after_an_intervening_op(busy):
     with refused(c, InputError, "no verify to commit"):
         c.commit([1, 0])
     c.verify([1, 2], busy.tokens(2, 2), [2, 1])
-    c.flush([0])
+    with refused(c, InputError, "flush: the last verify is not committed yet"):
+        c.flush([0])
+    c.commit([0, 0])
     with refused(c, InputError, "no verify to commit"):
         c.commit([0, 0])
 
@@ -480,9 +477,6 @@ def test_refused_calls_interleaved_with_good_ones_never_change_any_state(seed, p
 
 
 # -- a pending verify that folded the buffer ------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="source bug: a verify that folds the buffer (n + t > capacity) leaves "
-                   "checkpoint and fill inconsistent until commit; step/materialize/verify in between are "
-                   "neither refused nor made safe (runtime/cache_base.py)")
 @pytest.mark.parametrize("then", ["step", "materialize", "verify", "flush"])
 def test_operation_while_a_folding_verify_is_pending_is_refused_or_harmless(then):
     """Drive slot 2 to fill 6 (capacity 7), verify 3 drafts (6 + 3 > 7: the buffer is folded first)
@@ -511,7 +505,8 @@ def test_operation_while_a_folding_verify_is_pending_is_refused_or_harmless(then
             assert_close(out[0], o, 1e-9, "second verify")
         else:
             c.flush([2])
-    except InputError:
+    except InputError as exc:
+        assert "not committed yet" in str(exc)
         assert_same(before, c, "refused while a verify is pending")
         return
-    b.check_all()
+    pytest.fail(f"{then} ran while a verify was pending")

@@ -380,9 +380,7 @@ def test_unhashable_per_size_or_sign(kw):
         r.token("x", **kw)
 
 
-# -- known gaps (strict xfail: they flip to failures once the source is fixed, then drop the marker) --
-@pytest.mark.xfail(strict=True, reason="source bug: declaration.validate matches inputs by name only, so a "
-                   "same-named node of another builder (other size, level or sign) is accepted")
+# -- inputs are matched by identity, not by name ---------------------------------------------------------
 @pytest.mark.parametrize("case", ["size", "sign"])
 def test_same_named_input_of_another_builder_with_another_spec(case):
     other = Recurrence("other")
