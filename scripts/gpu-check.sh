@@ -24,7 +24,7 @@ if [[ $what == all || $what == sanitize ]]; then
   done
 fi
 if [[ $what == all || $what == bench ]]; then
-  python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+  python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 echo "==================== summary ===================="
 printf '%s\n' "${summary[@]}"

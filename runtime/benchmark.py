@@ -1,0 +1,285 @@
+"""Runtime layer: the GPU benchmark behind ``replayssm bench`` (needs a GPU, CuPy; torch + fla optional).
+
+For each preset shape and batch size it times, in one run and the same way (CUDA graphs of whole
+decode steps, replayed round-robin over several input sets, CUDA events, median):
+the generated conventional step; the replay step in the mixed steady state (slot ``b`` at fill
+``b mod L``, so ``1/L`` of the batch flushes at every step and the phases rotate); the flush alone;
+verify ``T ∈ {2, 4, 8}`` with its commit; the snapshot-verify baseline; FLA's ``fused_recurrent_*``
+for the same shape (captured in a torch CUDA graph when ``fla`` imports); and the memory floors (a
+state-sized copy and read, timed eagerly). Writes ``results.json``, ``results.md`` and
+``speedup.png`` (when matplotlib is present) and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl.config import PRESETS
+from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
+from replayssm_dsl.random_inputs import random_params, random_tokens
+
+INPUT_SETS = 4
+
+
+def _median_ms(cp, launch, reps: int, warmup: int = 3) -> float:
+    stream = cp.cuda.get_current_stream()
+    for i in range(warmup):
+        launch(i)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps):
+        start.record(stream)
+        launch(i)
+        end.record(stream)
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def _graphs(cp, build, sets: int):
+    """Capture ``build(i)`` (a sequence of launches on input set ``i``) into one graph per set."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs = []
+    with stream:
+        for i in range(sets):
+            build(i)  # warm: compile, load
+            stream.synchronize()
+            stream.begin_capture()
+            build(i)
+            graphs.append(stream.end_capture())
+    return stream, graphs
+
+
+def _time_graphs(cp, stream, graphs, reps: int) -> float:
+    with stream:
+        return _median_ms(cp, lambda i: graphs[i % len(graphs)].launch(stream), reps)
+
+
+def _floors(cp, nbytes: int, reps: int) -> tuple[float, float]:
+    """Eager copy (read + write) and read of a state-sized buffer, ms."""
+    n = nbytes // 4
+    a, b = cp.ones(n, cp.float32), cp.empty(n, cp.float32)
+    read = cp.RawKernel(r'''
+extern "C" __global__ void read_floor(const float4* __restrict__ x, long n4, float* out) {
+    float acc = 0.f;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+        float4 v = x[i]; acc += v.x + v.y + v.z + v.w;
+    }
+    if (acc == 12345.f) out[0] = acc;
+}''', "read_floor")
+    sink = cp.zeros(1, cp.float32)
+    copy_ms = _median_ms(cp, lambda i: cp.copyto(b, a), reps)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    read_ms = _median_ms(cp, lambda i: read((sms * 8,), (512,), (a, np.int64(n // 4), sink)), reps)
+    return copy_ms, read_ms
+
+
+def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C901 - one measurement
+    """FLA's conventional fused_recurrent kernel for one decode token, ms (None when fla is absent)."""
+    try:
+        import torch
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        from fla.ops.kda import fused_recurrent_kda
+        from fla.ops.simple_gla import fused_recurrent_simple_gla
+    except Exception:
+        return None, "fla not importable"
+    dev, HV, V, K = "cuda", shape.heads, shape.v_dim, shape.k_dim
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*s):
+        return torch.randn(*s, device=dev, generator=g) * 0.1
+
+    state = rnd(batch, HV, K, V)
+    inputs = []
+    for _ in range(sets):
+        q, k, v = rnd(batch, 1, HV, K), rnd(batch, 1, HV, K), rnd(batch, 1, HV, V)
+        gate_shape = (batch, 1, HV, K) if variant == "kda" else (batch, 1, HV)
+        gate = -torch.rand(*gate_shape, device=dev, generator=g)
+        beta = torch.rand(batch, 1, HV, device=dev, generator=g)
+        inputs.append((q, k, v, gate, beta))
+
+    def call(i):
+        q, k, v, gate, beta = inputs[i % sets]
+        if variant == "gdn":
+            return fused_recurrent_gated_delta_rule(q, k, v, g=gate, beta=beta, initial_state=state,
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+        if variant == "kda":
+            return fused_recurrent_kda(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True)
+        return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True)
+
+    try:
+        call(0)
+    except Exception as exc:
+        return None, f"fla call failed: {type(exc).__name__}: {exc}"[:200]
+    try:
+        stream = torch.cuda.Stream()
+        graphs = []
+        with torch.cuda.stream(stream):
+            for i in range(sets):
+                call(i)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    call(i)
+                graphs.append(graph)
+        torch.cuda.synchronize()
+
+        def launch(i):
+            graphs[i % sets].replay()
+        mode = "graph"
+    except Exception as exc:  # some versions do not capture; fall back to eager launches
+        launch, mode = call, f"eager ({type(exc).__name__})"
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(3):
+        launch(i)
+    times = []
+    for i in range(reps):
+        starts[i].record()
+        launch(i)
+        ends[i].record()
+        ends[i].synchronize()
+        times.append(starts[i].elapsed_time(ends[i]))
+    return float(np.median(times)), mode
+
+
+def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
+    from .cuda_cache import CudaReplayCache
+
+    p = PRESETS[preset_name]
+    decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
+    rng = np.random.default_rng(0)
+    cache = CudaReplayCache(decl, shape, config, slots=batch, params=random_params(decl, shape, rng))
+    L, HV, V, K = config.window, shape.heads, shape.v_dim, shape.k_dim
+    cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
+    cache.buffers["state"][...] = cache.buffers["checkpoint"]
+    cache.buffers["rec_write"][...] = 0.01
+    cache.buffers["rec_key"][...] = 0.05
+    cache.buffers["fill"][...] = cp.arange(batch, dtype=cp.int32) % L  # the mixed steady state
+    slots = np.arange(batch, dtype=np.int32)
+    batch_dev = {k: cp.asarray(v) for k, v in cache._batch(slots).items()}
+    one = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch,)).items()}
+           for _ in range(INPUT_SETS)]
+    out1 = cp.empty((batch, 1, HV, V), cp.float32)
+    res = {"preset": preset_name, "variant": p.variant, "B": batch}
+
+    stream, graphs = _graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
+    res["replay_step"] = _time_graphs(cp, stream, graphs, reps)
+    stream, graphs = _graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1), INPUT_SETS)
+    res["conventional_step"] = _time_graphs(cp, stream, graphs, reps)
+    stream, graphs = _graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
+    res["flush"] = _time_graphs(cp, stream, graphs, reps)
+    for t in (2, 4, 8):
+        toks = [{k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
+                for _ in range(2)]
+        vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32), accepted=cp.zeros(batch, cp.int32))
+        outt = cp.empty((batch, t, HV, V), cp.float32)
+
+        def verify_commit(i, toks=toks, vb=vb, outt=outt):
+            cache.launch_verify(vb, toks[i], outt)
+            cache.launch_commit(vb)
+        stream, graphs = _graphs(cp, verify_commit, 2)
+        res[f"verify_T{t}"] = _time_graphs(cp, stream, graphs, reps)
+    t = 8
+    snaps = cp.empty((batch, t, HV, V, K), cp.float32)
+    vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32))
+    stoks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
+    outt = cp.empty((batch, t, HV, V), cp.float32)
+    stream, graphs = _graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt, snapshots=snaps), 1)
+    res["snapshot_verify_T8"] = _time_graphs(cp, stream, graphs, max(5, reps // 4))
+    del snaps
+    state_bytes = batch * HV * V * K * 4
+    res["copy_floor"], res["read_floor"] = _floors(cp, state_bytes, reps)
+    program = cache.program
+    amort = replay_step_amortized(program)
+    read_bw = state_bytes / res["read_floor"]  # bytes per ms
+    copy_bw = 2 * state_bytes / res["copy_floor"]
+    heads = batch * HV
+    res["replay_floor"] = heads * (amort.state_read + amort.record_read) / read_bw + \
+        heads * (amort.state_write + amort.record_write) * 2 / copy_bw  # a write costs what a copy's byte pair does
+    res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
+    res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps)
+    res["state_MB"] = state_bytes / 1e6
+    del cache
+    cp.get_default_memory_pool().free_all_blocks()
+    return res
+
+
+COLUMNS = [("B", "B", "{:d}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
+           ("flush", "flush", "{:.3f}"), ("ver2", "verify_T2", "{:.3f}"), ("ver4", "verify_T4", "{:.3f}"),
+           ("ver8", "verify_T8", "{:.3f}"), ("snap8", "snapshot_verify_T8", "{:.3f}"), ("fla", "fla_step", "{:.3f}"),
+           ("copy", "copy_floor", "{:.3f}"), ("read", "read_floor", "{:.3f}"), ("rfloor", "replay_floor", "{:.3f}")]
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["All times ms per decode step of one layer (median over CUDA-graph replays; floors eager).",
+             "`rfloor` = replay step's floor from the traffic model at the measured read/copy bandwidths.", ""]
+    for preset_name in dict.fromkeys(r["preset"] for r in results):
+        rows = [r for r in results if r["preset"] == preset_name]
+        lines += [f"### {preset_name} ({rows[0]['variant']})", "",
+                  "| " + " | ".join(c for c, _, _ in COLUMNS) + " | replay/rfloor | conv/copy | conv/replay | fla/replay | ver8/conv | snap8/ver8 |",
+                  "|" + "---|" * (len(COLUMNS) + 6)]
+        for r in rows:
+            cells = [fmt.format(r[k]) if r.get(k) is not None else "n/a" for _, k, fmt in COLUMNS]
+            ratios = [r["replay_step"] / r["replay_floor"], r["conventional_step"] / r["copy_floor"],
+                      r["conventional_step"] / r["replay_step"],
+                      (r["fla_step"] / r["replay_step"]) if r.get("fla_step") else float("nan"),
+                      r["verify_T8"] / r["conventional_step"], r["snapshot_verify_T8"] / r["verify_T8"]]
+            lines.append("| " + " | ".join(cells + [f"{x:.2f}" for x in ratios]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for preset_name in dict.fromkeys(r["preset"] for r in results):
+        rows = [r for r in results if r["preset"] == preset_name]
+        ax.plot([r["B"] for r in rows], [r["conventional_step"] / r["replay_step"] for r in rows], marker="o", label=preset_name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("speedup of replay step over conventional step")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(args) -> int:
+    import cupy as cp
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    presets = [p for p in args.presets.split(",") if p]
+    if args.quick:
+        batches = [b for b in batches if b in (1, 32, 256)] or batches
+    reps = 20 if args.quick else 60
+    results = []
+    t0 = time.time()
+    for preset_name in presets:
+        for batch in batches:
+            r = bench_one(cp, preset_name, batch, reps)
+            results.append(r)
+            print(f"{preset_name:<20} B={batch:<4} conv {r['conventional_step']:.3f}  replay {r['replay_step']:.3f}  "
+                  f"copy {r['copy_floor']:.3f}  read {r['read_floor']:.3f}  fla {r['fla_step'] or float('nan'):.3f}  "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    table = markdown(results)
+    (out / "results.md").write_text(table)
+    plotted = plot(results, out / "speedup.png")
+    print(table)
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + (f", {out / 'speedup.png'}" if plotted else " (no matplotlib: no plot)"))
+    return 0

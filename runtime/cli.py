@@ -1,0 +1,237 @@
+"""Runtime layer: the ``replayssm`` command line.
+
+    replayssm variants                       the built-in declarations
+    replayssm show NAME [--preset P]         a declaration and its lowered kernel plans
+    replayssm traffic --preset P             bytes per decode step: conventional vs replay
+    replayssm check NAME [--backend B]       run NAME end to end, largest error against the oracle
+    replayssm emit NAME --preset P -o DIR    every kernel's CUDA source, each compilable alone
+    replayssm bench [--quick]                GPU benchmark (needs a GPU): table, JSON, Markdown, PNG
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.errors import ReplaySSMError
+from replayssm_dsl.lowering import lower
+from replayssm_dsl.lowering.traffic import design_formulas, kernel_traffic, record_bytes, replay_step_amortized
+
+
+def _shape(args) -> ModelShape:
+    if getattr(args, "preset", None):
+        return preset(args.preset).shape
+    if getattr(args, "shape", None):
+        heads, key_heads, v, k = (int(x) for x in args.shape.split(","))
+        return ModelShape(heads, key_heads, v, k)
+    return ModelShape(4, 2, 64, 64)
+
+
+def _config(args) -> ReplayConfig:
+    return ReplayConfig(window=args.window, max_drafts=args.max_drafts, state_dtype=args.state_dtype)
+
+
+def cmd_variants(args) -> int:
+    for name in variants.BUILTINS:
+        d = variants.get(name)
+        write = "delta rule" if d.is_delta else "plain write"
+        print(f"{name:<10} {d.decay_form:>6} decay, {write:<11} {d.doc}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    decl = variants.get(args.name)
+    print(decl.describe())
+    print()
+    print(lower(decl, _shape(args), _config(args)).pretty())
+    return 0
+
+
+def cmd_traffic(args) -> int:
+    p = preset(args.preset)
+    program = lower(variants.get(args.variant or p.variant), p.shape, _config(args))
+    E, R, B = p.shape.state_elements, record_bytes(program), args.batch
+    per_step = B * p.shape.heads / 1e6
+    formulas = design_formulas(program)
+    print(f"{p.name}: {p.note}; HV={p.shape.heads} H={p.shape.key_heads} V={p.shape.v_dim} K={p.shape.k_dim}, "
+          f"E={E} elements, record R={R:g} B per value head, L={program.config.window}, B={B}")
+    print(f"{'kernel (fill)':<34}{'state R':>11}{'state W':>11}{'rec R':>10}{'rec W':>10}{'total/head':>12}{'MB/step':>10}")
+    rows = [("conventional_step", 0, 1), ("replay_step", 0, 1), ("replay_step", program.config.window // 2, 1),
+            ("replay_step", program.config.window - 1, 1), ("verify", 0, 4), ("verify", 0, program.config.max_drafts),
+            ("snapshot_verify", 0, program.config.max_drafts)]
+    for kernel, fill, t in rows:
+        tr = kernel_traffic(program, kernel, fill, t)
+        label = f"{kernel} (n={fill}{', t=' + str(t) if t > 1 else ''})"
+        print(f"{label:<34}{tr.state_read:>11.0f}{tr.state_write:>11.0f}{tr.record_read:>10.0f}{tr.record_write:>10.0f}"
+              f"{tr.total:>12.0f}{tr.total * per_step:>10.1f}")
+    conv = kernel_traffic(program, "conventional_step", 0).total
+    amort = replay_step_amortized(program).total
+    print(f"{'replay_step amortised over L':<34}{'':>42}{amort:>12.0f}{amort * per_step:>10.1f}")
+    print(f"conventional / replay (amortised): {conv / amort:.2f}x less state traffic")
+    ok = abs(conv - formulas["conventional"]) < 1e-6 and abs(amort - formulas["replay_amortized"]) < 1e-6
+    print(f"DESIGN.md §3 formulas: conventional 2·E·s = {formulas['conventional']:.0f}, replay amortised "
+          f"= {formulas['replay_amortized']:.0f} B/head -> {'agree' if ok else 'DISAGREE'} with the plan-derived model")
+    return 0 if ok else 1
+
+
+def _best_backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    try:
+        import cupy
+        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def cmd_check(args) -> int:
+    from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+    from replayssm_dsl.reference import plain_recurrence
+
+    decl, shape, config = variants.get(args.name), _shape(args), _config(args)
+    backend = _best_backend(args.backend)
+    rng = np.random.default_rng(args.seed)
+    params = random_params(decl, shape, rng)
+    if backend == "cuda":
+        from .cuda_cache import CudaReplayCache
+        cache = CudaReplayCache(decl, shape, config, slots=2, params=params)
+    else:
+        from .cpu_cache import CpuReplayCache
+        cache = CpuReplayCache(decl, shape, config, slots=2, params=params, precision="float32")
+    S0 = random_state(shape, rng, (2,))
+    cache.load([0, 1], S0.astype(np.float32))
+    history = [[], []]
+    worst = 0.0
+    steps = 0
+    while steps < args.steps:
+        if steps % 7 == 6:  # a speculative round: verify 4 drafts, accept 0..4
+            toks = random_tokens(decl, shape, rng, (2, 4))
+            out = np.asarray(_host(cache.verify([1, 0], {k: v.astype(np.float32) for k, v in toks.items()}, [4, 4])))
+            accepted = [int(x) for x in rng.integers(0, 5, 2)]
+            cache.commit(accepted)
+            for b, slot in enumerate((1, 0)):
+                ref, _ = plain_recurrence(decl, shape, _cat(history[slot], {k: v[b] for k, v in toks.items()}), params, S0[slot])
+                worst = max(worst, _rel(out[b], ref[-4:]))
+                history[slot].append({k: v[b, :accepted[b]] for k, v in toks.items()})
+            steps += 4
+        else:
+            toks = random_tokens(decl, shape, rng, (2,))
+            out = np.asarray(_host(cache.step([0, 1], {k: v.astype(np.float32) for k, v in toks.items()})))
+            for b in range(2):
+                history[b].append({k: v[b:b + 1] for k, v in toks.items()})
+                ref, _ = plain_recurrence(decl, shape, _cat(history[b], None), params, S0[b])
+                worst = max(worst, _rel(out[b], ref[-1]))
+            steps += 1
+    final = np.asarray(_host(cache.materialize([0, 1])))
+    for b in range(2):
+        _, S = plain_recurrence(decl, shape, _cat(history[b], None), params, S0[b])
+        worst = max(worst, _rel(final[b], S))
+    tol = 2e-4
+    print(f"check {decl.name} on {backend} ({'generated CUDA' if backend == 'cuda' else 'lowered plans, NumPy float32'}): "
+          f"HV={shape.heads} H={shape.key_heads} V={shape.v_dim} K={shape.k_dim}, L={config.window}, "
+          f"{steps} tokens incl. verify/commit rounds, fills now {[int(x) for x in cache.fills()]}")
+    print(f"largest relative error against the float64 plain recurrence: {worst:.2e} "
+          f"({'ok' if worst <= tol else 'TOO LARGE'}, tolerance {tol:g})")
+    return 0 if worst <= tol and np.isfinite(worst) else 1
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") else array
+
+
+def _cat(chunks, extra):
+    parts = list(chunks) + ([extra] if extra is not None else [])
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+
+
+def cmd_emit(args) -> int:
+    from replayssm_dsl.lowering.render_cuda import render_program
+
+    p = preset(args.preset)
+    decl = variants.get(args.name)
+    program = lower(decl, p.shape, _config(args))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    for kernel in program.kernels:
+        path = out / f"{decl.name}-{p.name}-{kernel.name}.cu"
+        path.write_text(render_program(program, kernels=[kernel.name]))
+        print(path)
+    whole = out / f"{decl.name}-{p.name}.cu"
+    whole.write_text(render_program(program))
+    print(whole)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .benchmark import main as bench_main
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replayssm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p, shape=True):
+        if shape:
+            p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape from DESIGN.md §3")
+            p.add_argument("--shape", help="HV,H,V,K (default 4,2,64,64)")
+        p.add_argument("--window", type=int, default=16, help="replay window L (default 16)")
+        p.add_argument("--max-drafts", type=int, default=8, help="most drafts T per verify (default 8)")
+        p.add_argument("--state-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+
+    sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
+    p = sub.add_parser("show", help="print a declaration and its lowered plans")
+    p.add_argument("name")
+    with_config(p)
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("traffic", help="traffic model for a model shape")
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p.add_argument("--variant", help="override the preset's variant")
+    p.add_argument("--batch", type=int, default=256)
+    with_config(p, shape=False)
+    p.set_defaults(func=cmd_traffic)
+    p = sub.add_parser("check", help="run a variant end to end against the oracle")
+    p.add_argument("name")
+    p.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    with_config(p)
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("emit", help="write the CUDA sources of a variant for a preset")
+    p.add_argument("name")
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p.add_argument("-o", "--output", required=True)
+    with_config(p, shape=False)
+    p.set_defaults(func=cmd_emit)
+    p = sub.add_parser("bench", help="GPU benchmark of the generated kernels (needs a GPU)")
+    p.add_argument("--out", default="bench-out", help="folder for results.json, results.md, speedup.png")
+    p.add_argument("--quick", action="store_true", help="fewer batch sizes and repetitions")
+    p.add_argument("--batches", default="1,8,32,128,256,512")
+    p.add_argument("--presets", default=",".join(PRESETS))
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ReplaySSMError as exc:
+        print(f"replayssm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
