@@ -33,15 +33,34 @@ class LaunchConfig:
 
     warps: int = 4
     rows_per_warp: int = 4
-    min_blocks: int = 4  # CTAs per SM the register allocation must allow (caps registers at 65536 / (threads · this))
 
     @property
     def threads(self) -> int:
         return 32 * self.warps
 
     @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the register allocation must allow: caps registers at 128 per thread."""
+        return max(1, 512 // self.threads)
+
+    @property
     def rows_per_cta(self) -> int:
         return self.warps * self.rows_per_warp
+
+
+SMS_H200 = 132
+
+
+def choose_launch(shape, rows: int) -> LaunchConfig:
+    """Launch shape for ``rows`` batch rows: about 64 state rows per CTA (the head-level work is
+    amortised over more rows, and each warp keeps 8+ row loads in flight) unless that leaves fewer
+    than two CTAs per SM, then 16 rows per CTA."""
+    tiles = -(-shape.v_dim // 64)
+    rows_per_cta = -(-shape.v_dim // tiles)
+    if rows * shape.heads * tiles < 2 * SMS_H200:
+        return LaunchConfig(warps=4, rows_per_warp=4)
+    warps = 4 if rows_per_cta <= 40 else 8
+    return LaunchConfig(warps=warps, rows_per_warp=-(-rows_per_cta // warps))
 
 
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:
@@ -125,8 +144,10 @@ def _state_page_lines(f: Facts) -> list[str]:
     return lines
 
 
-def _fields(program: Program, decl) -> list[str]:
-    """Head-level fields of tokens j < t (one warp per token) into shared memory."""
+def _fields(program: Program, decl, replay: bool = True) -> list[str]:
+    """Head-level fields of tokens j < t (one warp per token) into shared memory. A vector decay
+    goes straight to ``sh_G[n + j]`` in replay kernels (``cumulate`` sums it in place)."""
+    vector_decay_store, vector_decay_index = ("sh_G", "(n + j) * K + e") if replay else ("sh_g", "j * K + e")
     r = ExprRenderer(decl, "f")
     ex = decl.expressions()
     key = r.render(ex["key"], "K")
@@ -139,7 +160,7 @@ def _fields(program: Program, decl) -> list[str]:
         rv = ExprRenderer(decl, "g")
         g = rv.render(ex["decay"], "K")
         body += rv.lines
-        stores[0] += f" sh_g[j * K + e] = {g}[i];"
+        stores[0] += f" {vector_decay_store}[{vector_decay_index}] = {g}[i];"
     elif decl.decay_form == "scalar":
         rs = ExprRenderer(decl, "g")
         g = rs.render(ex["decay"], "")
@@ -206,39 +227,60 @@ def _decay_of(decl, a: str, e: str = "e") -> str:
     return f"expf(sh_G[({a}) * K + {e}])"
 
 
-def _row_loads(decl, state_expr: str, with_records: bool) -> list[str]:
-    lines = [
+def _row_loads(state_expr: str) -> list[str]:
+    """Issue every state-row load of the warp first: they fly while the head-level work runs."""
+    return [
         "float s[RPW][KE];",
-        "float wv[RPW];" if with_records else "",
         "#pragma unroll",
         "for (int r = 0; r < RPW; ++r) {",
         "    const int row = v0 + warp * RPW + r;",
         f"    if (row < V) load_row({state_expr}, s[r], lane);",
+        "}",
     ]
-    if with_records:
-        lines.append("    wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;")
-    lines.append("}")
-    return [line for line in lines if line]
+
+
+def _stage_writes() -> list[str]:
+    """The records' writes for this CTA's rows, coalesced, into shared memory (padded rows)."""
+    return ["for (int x = tid; x < n * BV; x += THREADS) {",
+            "    const int i = x / BV, rr = x % BV;",
+            "    sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;",
+            "}"]
+
+
+def _row_records() -> list[str]:
+    """Lane i of a warp holds record i's write at each of the warp's rows."""
+    return ["float wv[RPW];",
+            "#pragma unroll",
+            "for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;"]
+
+
+def _fold_keys(decl, last: str, count: str) -> list[str]:
+    """In place: sh_key[m] ← k_m ⊙ e^{G_last − G_m} for m < count (then a barrier)."""
+    if decl.decay_form == "none":
+        return []
+    return [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
+            "    const int m = x / K, e = x % K;",
+            f"    sh_key[x] *= {_decay_between(decl, last, 'm')};",
+            "}",
+            "__syncthreads();"]
 
 
 def _fold_rows(decl, last: str, count: str) -> list[str]:
-    """s ← s·e^{G_last} + Σ_{m<count} w_m (k_m ⊙ e^{G_last − G_m}) for the warp's rows."""
-    return [
-        "#pragma unroll",
-        "for (int r = 0; r < RPW; ++r) {",
-        "    #pragma unroll",
-        "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= "
-        + (f"{_decay_of(decl, last)}; }}" if decl.decay_form != "none" else "1.f; }"),
+    """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``_fold_keys``)."""
+    scale = {"none": [], "scalar": [f"const float a = {_decay_of(decl, last)};", "#pragma unroll",
+                                     "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
+             "vector": ["#pragma unroll",
+                        f"for (int i = 0; i < KE; ++i) {{ const int e = k_index(i, lane); if (e < K) s[r][i] *= {_decay_of(decl, last)}; }}"]}
+    return (["#pragma unroll", "for (int r = 0; r < RPW; ++r) {"] + ["    " + x for x in scale[decl.decay_form]] + [
         f"    for (int m = 0; m < {count}; ++m) {{",
         "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
         "        #pragma unroll",
         "        for (int i = 0; i < KE; ++i) {",
         "            const int e = k_index(i, lane);",
-        f"            if (e < K) s[r][i] += wm * sh_key[m * K + e] * {_decay_between(decl, last, 'm')};",
+        "            if (e < K) s[r][i] += wm * sh_key[m * K + e];",
         "        }",
         "    }",
-        "}",
-    ]
+        "}"])
 
 
 def _draft_row_loop(inner: list[str]) -> list[str]:
@@ -265,14 +307,15 @@ def _shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
              f"__shared__ __align__(16) float sh_q[{tn} * K];",
              f"__shared__ float sh_beta[{tn}];"]
     if replay:
-        lines += [f"__shared__ __align__(16) float sh_qd[{tn} * K];",
+        lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
+                  f"__shared__ __align__(16) float sh_qd[{tn} * K];",
                   f"__shared__ __align__(16) float sh_kd[{tn} * K];" if decl.is_delta else "",
                   f"__shared__ float sh_sq[{tn} * NREC];",
                   f"__shared__ float sh_sk[{tn} * NREC];"]
     if decl.decay_form == "scalar":
         lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":
-        lines += ["__shared__ __align__(16) float sh_G[NREC * K];" if replay else "",
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];" if replay else
                   f"__shared__ __align__(16) float sh_g[{tn} * K];"]
     return [line for line in lines if line]
 
@@ -283,7 +326,8 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     if "empty_records" in f.stmts:
         body += _guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
     body += _state_page_lines(f)
-    body += _guarded(f.guards.get("load_records", ""), _load_records(decl))
+    body += _row_loads(CHECKPOINT_ROW.format(page="page"))
+    body += _guarded(f.guards.get("load_records", ""), _load_records(decl) + _stage_writes())
     body += _fields(program, decl)
     body.append("__syncthreads();")
     # cumulate: G_{n+j} = G_{n-1} + Σ g
@@ -291,7 +335,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         body += ["if (tid == 0) { float acc = n ? sh_G[n - 1] : 0.f; for (int j = 0; j < t; ++j) { acc += sh_g[j]; sh_G[n + j] = acc; } }"]
     elif decl.decay_form == "vector":
         body += ["for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
-                 "    for (int j = 0; j < t; ++j) { acc += sh_g[j * K + e]; sh_G[(n + j) * K + e] = acc; } }"]
+                 "    for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }"]
     body.append("__syncthreads();")
     # scores and decayed query/key vectors
     body += [
@@ -335,7 +379,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         rec.append("}")
         body += _guarded(append_guard, rec)
     # rows
-    body += _row_loads(decl, CHECKPOINT_ROW.format(page="page"), with_records=True)
+    body += _row_records()
     row_lines, names = _row_fields(decl)
     strength = "sh_beta[j]"
     write = (f"const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));\n"
@@ -353,17 +397,18 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         inner += _guarded(append_guard, ["if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
     body += _draft_row_loop(inner)
     if "fold_tokens" in f.stmts:
-        fold = _fold_rows(decl, "n + t - 1", "n + t") + _store_rows(CHECKPOINT_ROW.format(page="dst"))
-        body += _guarded(f.guards["fold_tokens"], fold)
+        fold = (_fold_keys(decl, "n + t - 1", "n + t") + _fold_rows(decl, "n + t - 1", "n + t")
+                + _store_rows(CHECKPOINT_ROW.format(page="dst")))
+        body += _guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
     return body
 
 
 def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
     body = _prologue(f, program) + _shared_decls(decl, f.drafts, replay=False)
-    body += _fields(program, decl)  # n = 0: keys at sh_key[j * K]
+    body += _row_loads(STATE_ROW.format(page="src"))
+    body += _fields(program, decl, replay=False)  # n = 0: keys at sh_key[j * K]
     body.append("__syncthreads();")
-    body += _row_loads(decl, STATE_ROW.format(page="src"), with_records=False)
     row_lines, names = _row_fields(decl)
     decay = {"none": [], "scalar": ["const float a = expf(sh_g[j]);",
                                     "#pragma unroll", "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
@@ -394,14 +439,16 @@ def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
     guard = f.guards.get("fold", "")
     if guard:
         body.append(f"if (!({guard})) return;")
-    body += ["__shared__ __align__(16) float sh_key[NREC * K];"]
+    body += ["__shared__ __align__(16) float sh_key[NREC * K];", "__shared__ float sh_w[NREC * (BV + 1)];"]
     if decl.decay_form == "scalar":
         body.append("__shared__ float sh_G[NREC];")
     elif decl.decay_form == "vector":
         body.append("__shared__ __align__(16) float sh_G[NREC * K];")
-    body += _load_records(decl) + ["__syncthreads();"]
-    body += _row_loads(decl, CHECKPOINT_ROW.format(page="src"), with_records=True)
-    body += ["if (n > 0) {"] + ["    " + x for x in _fold_rows(decl, "n - 1", "n")] + ["}"]
+    body += _row_loads(CHECKPOINT_ROW.format(page="src"))
+    body += _load_records(decl) + _stage_writes() + ["__syncthreads();"]
+    body += _row_records()
+    fold = _fold_keys(decl, "n - 1", "n") + _fold_rows(decl, "n - 1", "n")
+    body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
     if "store_state:materialized" in f.guards:
         body += _store_rows("materialized + (((size_t)b * HV + hv) * V + row) * K")
     else:

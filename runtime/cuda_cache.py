@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from replayssm_dsl.errors import InputError
-from replayssm_dsl.lowering.render_cuda import LaunchConfig, kernel_arguments
+from replayssm_dsl.lowering.render_cuda import LaunchConfig, choose_launch, kernel_arguments
 
 from .cache_base import ReplayCacheBase
 from .cuda_module import CompiledProgram, _cupy
@@ -26,7 +26,9 @@ class CudaReplayCache(ReplayCacheBase):
         super().__init__(decl, shape, config, slots=slots, params=params, pages=pages)
         cp = _cupy()
         self.cp, self.stream = cp, stream
-        self.compiled = CompiledProgram(self.program, launch)
+        self.fixed_launch = launch
+        self._compiled: dict[LaunchConfig, CompiledProgram] = {}
+        self.compiled = self._compiled_for(1)
         self.buffers = {}
         for buf in self.program.buffers:
             if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
@@ -37,6 +39,13 @@ class CudaReplayCache(ReplayCacheBase):
         self._dummy = {"float": cp.zeros(4, cp.float32), "int": cp.zeros(4, cp.int32),
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
+
+    def _compiled_for(self, rows: int) -> CompiledProgram:
+        """The module for a batch of ``rows``: a fixed launch if given, else ``choose_launch``."""
+        launch = self.fixed_launch or choose_launch(self.shape, rows)
+        if launch not in self._compiled:
+            self._compiled[launch] = CompiledProgram(self.program, launch)
+        return self._compiled[launch]
 
     @property
     def source(self) -> str:
@@ -101,7 +110,7 @@ class CudaReplayCache(ReplayCacheBase):
                 args.append(named[name])
             else:
                 args.append(self._dummy["state" if ctype == "STATE_T*" else "int" if "int" in ctype else "float"])
-        self.compiled.launch_kernel(kernel, rows, tuple(args), self.stream)
+        self._compiled_for(rows).launch_kernel(kernel, rows, tuple(args), self.stream)
 
     def _to_storage(self, values):
         """float32 device values → the state buffer's storage (bf16 as round-to-nearest-even bits)."""

@@ -15,7 +15,7 @@ import pytest
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
-from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.lowering.render_cuda import choose_launch, render_program
 
 GOLDEN = Path(__file__).with_name("golden")
 SHAPES = {name: p.shape for name, p in PRESETS.items()}
@@ -26,15 +26,17 @@ KERNELS = ["conventional_step", "snapshot_verify", "replay_step", "advance_fill"
            "commit", "flush", "load", "reset_fill", "materialize"]
 
 
-def source(variant: str, shape: str, config=None) -> str:
-    return render_program(lower(variants.get(variant), SHAPES[shape], config or ReplayConfig()))
+def source(variant: str, shape: str, config=None, batch: int = 1) -> str:
+    return render_program(lower(variants.get(variant), SHAPES[shape], config or ReplayConfig()),
+                          choose_launch(SHAPES[shape], batch))
 
 
 @pytest.mark.nvrtc
+@pytest.mark.parametrize("batch", [1, 256], ids=["small-batch-launch", "large-batch-launch"])
 @pytest.mark.parametrize("variant,shape", CASES)
-def test_every_kernel_compiles_for_sm90_without_spills(variant, shape):
+def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
-    result = compile_cubin(source(variant, shape), f"{variant}-{shape}.cu", "sm_90")
+    result = compile_cubin(source(variant, shape, batch=batch), f"{variant}-{shape}.cu", "sm_90")
     assert sorted(result.resources) == sorted(KERNELS), result.log
     for name, res in result.resources.items():
         assert res.clean, f"{name}: {res} (ptxas report:\n{result.log})"

@@ -169,6 +169,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
     __shared__ float sh_g[1];
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -217,12 +223,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s1; }
     }
     __syncthreads();
-    float s[RPW][KE];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-    }
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -294,6 +294,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ float sh_g[TMAX];
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -342,12 +348,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s1; }
     }
     __syncthreads();
-    float s[RPW][KE];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-    }
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -424,6 +424,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[1 * K];
     __shared__ __align__(16) float sh_kd[1 * K];
     __shared__ float sh_sq[1 * NREC];
@@ -431,8 +432,18 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[1];
     int page = src;
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
     for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -513,14 +524,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
         }
     }
-    float s[RPW][KE];
     float wv[RPW];
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
-    }
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -539,16 +545,22 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     if (flush) {
+        for (int x = tid; x < (n + t) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[n + t - 1] - sh_G[m]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
+            const float a = expf(sh_G[n + t - 1]);
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[n + t - 1]); }
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
             for (int m = 0; m < n + t; ++m) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[n + t - 1] - sh_G[m]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -646,29 +658,41 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
+            const float a = expf(sh_G[n - 1]);
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[n - 1]); }
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
             for (int m = 0; m < n; ++m) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[n - 1] - sh_G[m]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -735,6 +759,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[TMAX * K];
     __shared__ __align__(16) float sh_kd[TMAX * K];
     __shared__ float sh_sq[TMAX * NREC];
@@ -748,9 +773,19 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (flush) {
         page = dst;
     }
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+    }
     if (!flush) {
         for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
         for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
+        for (int x = tid; x < n * BV; x += THREADS) {
+            const int i = x / BV, rr = x % BV;
+            sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -830,14 +865,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
-    float s[RPW][KE];
     float wv[RPW];
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
-    }
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -937,29 +967,41 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     int n = fill[slot];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
+            const float a = expf(sh_G[n - 1]);
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[n - 1]); }
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
             for (int m = 0; m < n; ++m) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[n - 1] - sh_G[m]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -1101,29 +1143,41 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     int n = fill[slot];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
+            const float a = expf(sh_G[n - 1]);
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[n - 1]); }
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
             for (int m = 0; m < n; ++m) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[n - 1] - sh_G[m]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }

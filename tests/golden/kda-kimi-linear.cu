@@ -169,6 +169,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
     __shared__ __align__(16) float sh_g[1 * K];
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -227,12 +233,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         if (lane == 0) { sh_beta[j] = s1; }
     }
     __syncthreads();
-    float s[RPW][KE];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-    }
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -303,6 +303,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ __align__(16) float sh_g[TMAX * K];
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -361,12 +367,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         if (lane == 0) { sh_beta[j] = s1; }
     }
     __syncthreads();
-    float s[RPW][KE];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-    }
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -442,15 +442,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[1 * K];
     __shared__ __align__(16) float sh_kd[1 * K];
     __shared__ float sh_sq[1 * NREC];
     __shared__ float sh_sk[1 * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
-    __shared__ __align__(16) float sh_g[1 * K];
     int page = src;
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+    }
     for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
     for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -504,13 +514,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = g7[i]; }
+            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_G[(n + j) * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
     __syncthreads();
     for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
-        for (int j = 0; j < t; ++j) { acc += sh_g[j * K + e]; sh_G[(n + j) * K + e] = acc; } }
+        for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -542,14 +552,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
         }
     }
-    float s[RPW][KE];
     float wv[RPW];
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
-    }
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -568,6 +573,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     if (flush) {
+        for (int x = tid; x < (n + t) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[(n + t - 1) * K + e] - sh_G[(m) * K + e]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             #pragma unroll
@@ -577,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[(n + t - 1) * K + e] - sh_G[(m) * K + e]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -675,19 +685,30 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             #pragma unroll
@@ -697,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -764,12 +785,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[TMAX * K];
     __shared__ __align__(16) float sh_kd[TMAX * K];
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
-    __shared__ __align__(16) float sh_g[TMAX * K];
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
     }
@@ -777,9 +798,19 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (flush) {
         page = dst;
     }
+    float s[RPW][KE];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int row = v0 + warp * RPW + r;
+        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+    }
     if (!flush) {
         for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
         for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
+        for (int x = tid; x < n * BV; x += THREADS) {
+            const int i = x / BV, rr = x % BV;
+            sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -834,13 +865,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = g7[i]; }
+            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_G[(n + j) * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
     __syncthreads();
     for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
-        for (int j = 0; j < t; ++j) { acc += sh_g[j * K + e]; sh_G[(n + j) * K + e] = acc; } }
+        for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -870,14 +901,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
-    float s[RPW][KE];
     float wv[RPW];
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
-    }
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
@@ -977,19 +1003,30 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     int n = fill[slot];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             #pragma unroll
@@ -999,7 +1036,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
@@ -1141,19 +1178,30 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     int n = fill[slot];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
+    __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    __syncthreads();
     float s[RPW][KE];
-    float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        wv[r] = (row < V && lane < n) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + lane) * V + row] : 0.f;
     }
-    if (n > 0) {
+    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
+    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
+    for (int x = tid; x < n * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
+    }
+    __syncthreads();
+    float wv[RPW];
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    if (n > 0) {  // uniform per CTA
+        for (int x = tid; x < (n) * K; x += THREADS) {
+            const int m = x / K, e = x % K;
+            sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+        }
+        __syncthreads();
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             #pragma unroll
@@ -1163,7 +1211,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) {
                     const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e] * expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
+                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
                 }
             }
         }
