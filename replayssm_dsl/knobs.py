@@ -3,6 +3,7 @@
 - ``REPLAYSSM_DUMP_DIR``: when set, each compiled module's CUDA source (``<name>-<hash>.cu``) and its
   ptxas report are written there.
 - ``REPLAYSSM_ARCH``: the GPU architecture NVRTC compiles for when no GPU says otherwise (``sm_90``).
+- ``REPLAYSSM_AUTOTUNE_CACHE``: where tuned launch shapes are kept (see ``runtime/autotune.py``).
 """
 
 from __future__ import annotations
@@ -18,3 +19,10 @@ def dump_dir() -> Path | None:
 
 def arch() -> str:
     return os.environ.get("REPLAYSSM_ARCH", "sm_90").strip() or "sm_90"
+
+
+def autotune_cache() -> Path:
+    """``REPLAYSSM_AUTOTUNE_CACHE``: the JSON table of tuned launch shapes
+    (default ``~/.cache/replayssm/autotune.json``)."""
+    value = os.environ.get("REPLAYSSM_AUTOTUNE_CACHE", "").strip()
+    return Path(value) if value else Path.home() / ".cache" / "replayssm" / "autotune.json"

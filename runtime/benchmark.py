@@ -150,12 +150,15 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
 
 
 def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
+    from .autotune import tune_step
     from .cuda_cache import CudaReplayCache
 
     p = PRESETS[preset_name]
     decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
     rng = np.random.default_rng(0)
-    cache = CudaReplayCache(decl, shape, config, slots=batch, params=random_params(decl, shape, rng))
+    params = random_params(decl, shape, rng)
+    launch, tuning = tune_step(decl, shape, config, params, batch)
+    cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     L, HV, V, K = config.window, shape.heads, shape.v_dim, shape.k_dim
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
     cache.buffers["state"][...] = cache.buffers["checkpoint"]
@@ -167,7 +170,8 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     one = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch,)).items()}
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
-    res = {"preset": preset_name, "variant": p.variant, "B": batch}
+    res = {"preset": preset_name, "variant": p.variant, "B": batch,
+           "launch": f"{launch.warps}x{launch.rows_per_warp}", "tuning_ms": {str(k): v for k, v in tuning.items()}}
 
     stream, graphs = _graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
     res["replay_step"] = _time_graphs(cp, stream, graphs, reps)
@@ -211,7 +215,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     return res
 
 
-COLUMNS = [("B", "B", "{:d}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
+COLUMNS = [("B", "B", "{:d}"), ("launch", "launch", "{}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
            ("flush", "flush", "{:.3f}"), ("ver2", "verify_T2", "{:.3f}"), ("ver4", "verify_T4", "{:.3f}"),
            ("ver8", "verify_T8", "{:.3f}"), ("snap8", "snapshot_verify_T8", "{:.3f}"), ("fla", "fla_step", "{:.3f}"),
            ("copy", "copy_floor", "{:.3f}"), ("read", "read_floor", "{:.3f}"), ("rfloor", "replay_floor", "{:.3f}")]
@@ -273,7 +277,7 @@ def main(args) -> int:
         for batch in batches:
             r = bench_one(cp, preset_name, batch, reps)
             results.append(r)
-            print(f"{preset_name:<20} B={batch:<4} conv {r['conventional_step']:.3f}  replay {r['replay_step']:.3f}  "
+            print(f"{preset_name:<20} B={batch:<4} launch {r['launch']}  conv {r['conventional_step']:.3f}  replay {r['replay_step']:.3f}  "
                   f"copy {r['copy_floor']:.3f}  read {r['read_floor']:.3f}  fla {r['fla_step'] or float('nan'):.3f}  "
                   f"({time.time() - t0:.0f}s)", flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -158,6 +158,14 @@ class ReplayCacheBase:
         self._launch("materialize", rows, batch, materialized=out)
         return out
 
+    def copy_records(self, parent: int, child: int) -> None:
+        """Give ``child`` a copy of ``parent``'s records and fill (a fork; the checkpoint is shared)."""
+        self._no_pending_verify("copy_records")
+        check_slots([parent, child], self.num_slots, "parent, child")
+        for buf in self.program.buffers:
+            if buf.role in ("record", "meta"):
+                self.buffers[buf.name][child] = self.buffers[buf.name][parent]
+
     # --- baselines ---------------------------------------------------------------------------------
     def load_conventional(self, slots, states):
         """Baseline state ← ``states``, for ``conventional_step`` and ``snapshot_verify``."""

@@ -28,6 +28,7 @@ class CudaReplayCache(ReplayCacheBase):
         self.cp, self.stream = cp, stream
         self.fixed_launch = launch
         self._compiled: dict[LaunchConfig, CompiledProgram] = {}
+        self._tuned: dict[int, LaunchConfig | None] = {}
         self.compiled = self._compiled_for(1)
         self.buffers = {}
         for buf in self.program.buffers:
@@ -40,9 +41,17 @@ class CudaReplayCache(ReplayCacheBase):
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
 
+    @staticmethod
+    def program_for(decl, shape, config):
+        from replayssm_dsl.lowering import lower
+        return lower(decl, shape, config)
+
     def _compiled_for(self, rows: int) -> CompiledProgram:
         """The module for a batch of ``rows``: a fixed launch if given, else ``choose_launch``."""
-        launch = self.fixed_launch or choose_launch(self.shape, rows)
+        if rows not in self._tuned:
+            from .autotune import lookup
+            self._tuned[rows] = lookup(self.program, rows)
+        launch = self.fixed_launch or self._tuned[rows] or choose_launch(self.shape, rows)
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)
         return self._compiled[launch]

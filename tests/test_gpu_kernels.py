@@ -230,3 +230,25 @@ def test_gpu_torch_tensors_and_stream_without_copies():
             cache.step([1, 0], tt, out=out)
         stream.synchronize()
         assert_close(out[:, 0].cpu().numpy(), ref.step([1, 0], toks), FP32_TOL, f"torch step {i}")
+
+
+def _launch_shapes():
+    from replayssm_dsl.lowering.render_cuda import LaunchConfig
+    from replayssm_dsl.runtime.autotune import CANDIDATES
+    return list(dict.fromkeys(CANDIDATES + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
+
+
+@pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: f"{c.warps}x{c.rows_per_warp}")
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
+    """Every launch shape the autotuner or the rule may pick (V = 80 leaves partial tiles)."""
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 80, 128), ReplayConfig(window=4, max_drafts=3),
+                      np.random.default_rng(21), slots=3, tol=FP32_TOL, launch=launch)
+    twin.load([0, 2])
+    for i in range(11):
+        twin.step([2, -1, 0])
+        if i % 4 == 1:
+            toks = twin.verify([0, 2], [3, 2])
+            twin.commit([0, 2], toks, [2, 1])
+    twin.cache.flush([2])
+    twin.check_materialize([0, 2])
