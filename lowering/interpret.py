@@ -186,7 +186,7 @@ class Interpreter:
 
     def op_load_state(self, bufs, b, env, stmt):
         name = stmt.attr("buffer")
-        src = bufs[name][b] if name == "initial" else bufs[name][env["src"]]
+        src = bufs[name][b] if name == "initial" else bufs[name][env[stmt.ins[0]]]  # the page the plan names
         return (src.astype(self.compute),)
 
     def op_store_state(self, bufs, b, env, stmt):
