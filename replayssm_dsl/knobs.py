@@ -1,7 +1,7 @@
 """DSL layer: every environment knob of the project, declared once, typed.
 
-- ``REPLAYSSM_DUMP_DIR``: when set, each compiled module's CUDA source (``<name>-<hash>.cu``) and its
-  ptxas report are written there.
+- ``REPLAYSSM_DUMP_DIR``: when set, the CUDA source of every module the runtime builds is written
+  there as ``<declaration>-<sha256 prefix>.cu``.
 - ``REPLAYSSM_ARCH``: the GPU architecture NVRTC compiles for when no GPU says otherwise (``sm_90``).
 - ``REPLAYSSM_AUTOTUNE_CACHE``: where tuned launch shapes are kept (see ``runtime/autotune.py``).
 """

@@ -14,8 +14,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS, preset
 from replayssm_dsl.errors import ReplaySSMError
@@ -79,81 +77,13 @@ def cmd_traffic(args) -> int:
     return 0 if ok else 1
 
 
-def _best_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    try:
-        import cupy
-        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
-    except Exception:
-        return "cpu"
-
-
 def cmd_check(args) -> int:
-    from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
-    from replayssm_dsl.reference import plain_recurrence
+    from .selfcheck import TOLERANCE, decode_and_compare
 
-    decl, shape, config = variants.get(args.name), _shape(args), _config(args)
-    backend = _best_backend(args.backend)
-    rng = np.random.default_rng(args.seed)
-    params = random_params(decl, shape, rng)
-    if backend == "cuda":
-        from .cuda_cache import CudaReplayCache
-        cache = CudaReplayCache(decl, shape, config, slots=2, params=params)
-    else:
-        from .cpu_cache import CpuReplayCache
-        cache = CpuReplayCache(decl, shape, config, slots=2, params=params, precision="float32")
-    S0 = random_state(shape, rng, (2,))
-    cache.load([0, 1], S0.astype(np.float32))
-    history = [[], []]
-    worst = 0.0
-    steps = 0
-    while steps < args.steps:
-        if steps % 7 == 6:  # a speculative round: verify 4 drafts, accept 0..4
-            toks = random_tokens(decl, shape, rng, (2, 4))
-            out = np.asarray(_host(cache.verify([1, 0], {k: v.astype(np.float32) for k, v in toks.items()}, [4, 4])))
-            accepted = [int(x) for x in rng.integers(0, 5, 2)]
-            cache.commit(accepted)
-            for b, slot in enumerate((1, 0)):
-                ref, _ = plain_recurrence(decl, shape, _cat(history[slot], {k: v[b] for k, v in toks.items()}), params, S0[slot])
-                worst = max(worst, _rel(out[b], ref[-4:]))
-                history[slot].append({k: v[b, :accepted[b]] for k, v in toks.items()})
-            steps += 4
-        else:
-            toks = random_tokens(decl, shape, rng, (2,))
-            out = np.asarray(_host(cache.step([0, 1], {k: v.astype(np.float32) for k, v in toks.items()})))
-            for b in range(2):
-                history[b].append({k: v[b:b + 1] for k, v in toks.items()})
-                ref, _ = plain_recurrence(decl, shape, _cat(history[b], None), params, S0[b])
-                worst = max(worst, _rel(out[b], ref[-1]))
-            steps += 1
-    final = np.asarray(_host(cache.materialize([0, 1])))
-    for b in range(2):
-        _, S = plain_recurrence(decl, shape, _cat(history[b], None), params, S0[b])
-        worst = max(worst, _rel(final[b], S))
-    tol = 2e-4
-    print(f"check {decl.name} on {backend} ({'generated CUDA' if backend == 'cuda' else 'lowered plans, NumPy float32'}): "
-          f"HV={shape.heads} H={shape.key_heads} V={shape.v_dim} K={shape.k_dim}, L={config.window}, "
-          f"{steps} tokens incl. verify/commit rounds, fills now {[int(x) for x in cache.fills()]}")
-    print(f"largest relative error against the float64 plain recurrence: {worst:.2e} "
-          f"({'ok' if worst <= tol else 'TOO LARGE'}, tolerance {tol:g})")
-    return 0 if worst <= tol and np.isfinite(worst) else 1
-
-
-def _host(array):
-    return array.get() if hasattr(array, "get") else array
-
-
-def _cat(chunks, extra):
-    parts = list(chunks) + ([extra] if extra is not None else [])
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-def _rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    report = decode_and_compare(variants.get(args.name), _shape(args), _config(args), backend=args.backend,
+                                tokens=args.steps, seed=args.seed)
+    print(report.summary())
+    return 0 if report.worst <= TOLERANCE else 1
 
 
 def cmd_emit(args) -> int:

@@ -56,24 +56,28 @@ class CompiledProgram:
         self.hash = source_hash(self.source)
         self._module = None
         self._kernels = {}
+        self.dumped = self._dump()
 
     @property
     def module(self):
         if self._module is None:
             self._module = _MODULES.get(self.hash)
             if self._module is None:
-                self._dump()
                 cupy = _cupy()
                 self._module = cupy.RawModule(code=self.source, options=("-std=c++17",),
                                               name_expressions=None)
                 _MODULES[self.hash] = self._module
         return self._module
 
-    def _dump(self) -> None:
+    def _dump(self):
+        """Write the source to ``REPLAYSSM_DUMP_DIR`` when set; return the path (or None)."""
         where = knobs.dump_dir()
-        if where is not None:
-            where.mkdir(parents=True, exist_ok=True)
-            (where / f"{self.program.declaration.name}-{self.hash[:12]}.cu").write_text(self.source)
+        if where is None:
+            return None
+        where.mkdir(parents=True, exist_ok=True)
+        path = where / f"{self.program.declaration.name}-{self.hash[:12]}.cu"
+        path.write_text(self.source)
+        return path
 
     def kernel(self, name: str):
         if name not in self._kernels:

@@ -32,13 +32,17 @@ def _pad(tokens: dict, rows: int) -> dict:
 
 class ReplayEngine:
     def __init__(self, cache_cls, decl, shape, config, *, slots: int, params: dict, pages: int | None = None,
-                 pool_cls=None, **cache_kw):
+                 pool_cls=None, max_batch: int | None = None, **cache_kw):
         if pool_cls is None:
             from .bookkeeping import SlotPool as pool_cls
         pages = 2 * slots if pages is None else pages
         self.pool = pool_cls(slots, pages, config.window, config.max_drafts)
         self.cache = cache_cls(decl, shape, config, slots=slots, pages=pages, params=params, **cache_kw)
         self._verify_rows = 0
+        if hasattr(self.cache, "cp"):  # a GPU cache: the batch arrays live in pinned host memory
+            import cupyx
+            rows = max_batch or 2 * slots
+            self.pool.set_step_buffers(*(cupyx.empty_pinned((rows,), dtype=np.int32) for _ in range(4)))
 
     def add(self, state) -> int:
         """A new request whose checkpoint is ``state`` ``[HV, V, K]`` (e.g. prefill's final state)."""

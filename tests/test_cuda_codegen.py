@@ -68,3 +68,23 @@ def test_golden_sources(variant, shape):
         path.write_text(text)
     assert path.exists(), f"{path} missing: run with REPLAYSSM_UPDATE_GOLDEN=1 to create it"
     assert text == path.read_text(), f"generated source differs from {path}; review and regenerate"
+
+
+def test_dump_directory_receives_the_source(tmp_path, monkeypatch):
+    from replayssm_dsl.runtime.cuda_module import CompiledProgram
+    monkeypatch.setenv("REPLAYSSM_DUMP_DIR", str(tmp_path / "dump"))
+    compiled = CompiledProgram(lower(variants.get("gla"), SHAPES["odd-grouped"], ReplayConfig()))
+    assert compiled.dumped is not None and compiled.dumped.read_text() == compiled.source
+    assert compiled.dumped.name.startswith("gla-") and compiled.hash.startswith(compiled.dumped.stem.split("-")[1])
+
+
+@pytest.mark.nvrtc
+def test_emitted_per_kernel_sources_each_compile_alone(tmp_path):
+    from replayssm_dsl.runtime.cli import main
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    assert main(["emit", "kda", "--preset", "kimi-linear", "-o", str(tmp_path)]) == 0
+    files = sorted(tmp_path.glob("kda-kimi-linear-*.cu"))
+    assert len(files) == len(KERNELS)
+    for path in files:
+        result = compile_cubin(path.read_text(), path.name)
+        assert list(result.resources) == [path.stem.split("kimi-linear-")[1]]

@@ -1,0 +1,16 @@
+"""Decode Mamba-2 (vLLM selective_state_update conventions)
+through the replay kernels, speculative rounds mixed in, and check every output against the
+float64 plain recurrence. On the GPU when CuPy sees one, else on the CPU backend.
+
+    python examples/decode_mamba2.py [--tokens 300] [--backend auto|cpu|cuda]
+"""
+
+import sys
+
+from replayssm_dsl import ModelShape, ReplayConfig
+from replayssm_dsl.runtime.selfcheck import run_example
+from replayssm_dsl.variants import mamba2
+
+if __name__ == "__main__":
+    shape = ModelShape(heads=8, key_heads=2, v_dim=64, k_dim=128)
+    sys.exit(run_example(mamba2(), shape, ReplayConfig(window=16, max_drafts=8)))
