@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
-# Usage (device tool): bash scripts/gpu-check.sh [tests|sanitize|bench|all]   (default: all)
+# Usage (device tool): bash scripts/gpu-check.sh [tests|sanitize|examples|bench|all]   (default: all)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -22,6 +22,16 @@ if [[ $what == all || $what == sanitize ]]; then
     rc=$?
     summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)")
   done
+fi
+if [[ $what == all || $what == examples ]]; then
+  for ex in examples/*.py; do
+    python3 "$ex" --backend cuda > "$OUT/example-$(basename "$ex" .py).log" 2>&1
+    rc=$?
+    summary+=("$(basename "$ex"): rc=$rc $(tail -1 "$OUT/example-$(basename "$ex" .py).log")")
+  done
+  python3 -m replayssm_dsl.runtime.cli check gdn --backend cuda --preset qwen3.5-4b --steps 100 > "$OUT/check.log" 2>&1
+  rc=$?
+  summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 "$OUT/check.log")")
 fi
 if [[ $what == all || $what == bench ]]; then
   python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
