@@ -114,6 +114,20 @@ class Interpreter:
             sk[j, :, :i] = np.einsum("hik,hk->hi", decayed, F["key"][j])
         return ((sq, sk),)
 
+    def _write(self, F, j, predicted):
+        """``w_j``: β(v − P k) for the delta rule (``predicted()`` gives P k), else s·v."""
+        if self.decl.is_delta:
+            return F["beta"][j] * (F["value"][j] - predicted())
+        return F["value"][j] * F["strength"][j] if "strength" in F else F["value"][j]
+
+    @staticmethod
+    def _epilogue(F, j, o):
+        if "skip" in F:
+            o = o + F["skip"][j]
+        if "gate" in F:
+            o = o * F["gate"][j] / (1.0 + np.exp(-F["gate"][j]))
+        return o
+
     def op_replay(self, bufs, b, env, stmt):
         S, R, F, G, (sq, sk) = env["S"], env["R"], env["F"], env["G"], env["SC"]
         t = G.shape[0]
@@ -123,17 +137,10 @@ class Interpreter:
             i = R.n + j
             past = np.stack(writes, axis=1) if writes else np.zeros((self.shape.heads, 0, self.shape.v_dim))
             decay = np.exp(G[j])  # [HV, 1|K]
-            if self.decl.is_delta:
-                pk = np.einsum("hvk,hk->hv", S, decay * F["key"][j]) + np.einsum("hiv,hi->hv", past, sk[j, :, :i])
-                w = F["beta"][j] * (F["value"][j] - pk)
-            else:
-                w = F["value"][j] * F["strength"][j] if "strength" in F else F["value"][j]
-            o = (np.einsum("hvk,hk->hv", S, decay * F["query"][j]) + np.einsum("hiv,hi->hv", past, sq[j, :, :i])
-                 + w * sq[j, :, i:i + 1])
-            if "skip" in F:
-                o = o + F["skip"][j]
-            if "gate" in F:
-                o = o * F["gate"][j] / (1.0 + np.exp(-F["gate"][j]))
+            w = self._write(F, j, lambda: np.einsum("hvk,hk->hv", S, decay * F["key"][j])
+                            + np.einsum("hiv,hi->hv", past, sk[j, :, :i]))
+            o = self._epilogue(F, j, np.einsum("hvk,hk->hv", S, decay * F["query"][j])
+                               + np.einsum("hiv,hi->hv", past, sq[j, :, :i]) + w * sq[j, :, i:i + 1])
             writes.append(w)
             W.append(w)
             O.append(o)
@@ -170,16 +177,9 @@ class Interpreter:
         for j in range(F["key"].shape[0]):
             P = S * np.exp(F["decay"][j])[:, None, :] if "decay" in F else S
             k = F["key"][j]
-            if self.decl.is_delta:
-                w = F["beta"][j] * (F["value"][j] - np.einsum("hvk,hk->hv", P, k))
-            else:
-                w = F["value"][j] * F["strength"][j] if "strength" in F else F["value"][j]
+            w = self._write(F, j, lambda: np.einsum("hvk,hk->hv", P, k))
             S = P + w[:, :, None] * k[:, None, :]
-            o = np.einsum("hvk,hk->hv", S, F["query"][j])
-            if "skip" in F:
-                o = o + F["skip"][j]
-            if "gate" in F:
-                o = o * F["gate"][j] / (1.0 + np.exp(-F["gate"][j]))
+            o = self._epilogue(F, j, np.einsum("hvk,hk->hv", S, F["query"][j]))
             states.append(S)
             O.append(o)
         return (np.stack(states) if stmt.attr("snapshots") else S), np.stack(O)

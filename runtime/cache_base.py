@@ -47,34 +47,34 @@ class ReplayCacheBase:
                  "cap": self.config.capacity, **known}
         return tuple(sizes[d] if isinstance(d, str) else d for d in dims)
 
+    def _declared(self, kind: str, given: dict, verify: bool = False) -> list:
+        """The declared inputs of ``kind``; raise naming any unknown or missing one in ``given``."""
+        declared = [s for s in self.decl.inputs if s.kind == kind]
+        label = "params" if kind == "param" else "tokens"
+        unknown = sorted(set(given) - {s.name for s in declared})
+        if unknown:
+            raise InputError(f"{label}: {unknown} not declared by {self.decl.name!r} "
+                             f"({label}: {[s.name for s in declared]})")
+        for spec in declared:
+            if spec.name not in given:
+                raise InputError(f"{label}: missing {spec.name!r} ({self.decl.name} declares it as "
+                                 f"{kind} {spec.shape_text(verify=verify)})")
+        return declared
+
     def _check_params(self, params: dict) -> dict:
         params = dict(params or {})
-        declared = [s for s in self.decl.inputs if s.kind == "param"]
-        unknown = sorted(set(params) - {s.name for s in declared})
-        if unknown:
-            raise InputError(f"params: {unknown} not declared by {self.decl.name!r} "
-                             f"(params: {[s.name for s in declared]})")
         out = {}
-        for spec in declared:
-            if spec.name not in params:
-                raise InputError(f"params: missing {spec.name!r} ({self.decl.name} declares it as "
-                                 f"param {spec.shape_text()})")
-            value = np.asarray(params[spec.name], dtype=np.float64) if not hasattr(params[spec.name], "__cuda_array_interface__") else params[spec.name]
+        for spec in self._declared("param", params):
+            value = params[spec.name]
+            if not hasattr(value, "__cuda_array_interface__"):
+                value = np.asarray(value, dtype=np.float64)
             shape = self._dims(self.program.buffer(spec.name).dims)
             out[spec.name] = check_array(value, f"params[{spec.name!r}]", shape, sign=spec.sign)
         return out
 
     def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
-        declared = [s for s in self.decl.inputs if s.kind == "token"]
-        unknown = sorted(set(tokens) - {s.name for s in declared})
-        if unknown:
-            raise InputError(f"tokens: {unknown} not declared by {self.decl.name!r} "
-                             f"(tokens: {[s.name for s in declared]})")
         out = {}
-        for spec in declared:
-            if spec.name not in tokens:
-                raise InputError(f"tokens: missing {spec.name!r} ({self.decl.name} declares it as "
-                                 f"token {spec.shape_text(verify=t is not None)})")
+        for spec in self._declared("token", tokens, verify=t is not None):
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
             shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
             value = check_array(tokens[spec.name], f"tokens[{spec.name!r}]", shape, sign=spec.sign,
