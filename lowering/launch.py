@@ -1,0 +1,71 @@
+"""Lowering layer: how generated kernels are launched: thread shape, grid, argument order.
+
+A tiled kernel runs on a grid ``(V-tiles, HV, B)`` with ``warps`` warps per CTA, each owning
+``rows_per_warp`` state rows; fill kernels run one thread per batch row. Every kernel takes the same
+arguments, in ``kernel_arguments`` order, so a launcher passes the same pointers to any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Kernel, Program
+
+FILL_THREADS = 128
+SMS_H200 = 132
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Threads of a tiled kernel: ``warps`` per CTA, ``rows_per_warp`` state rows per warp."""
+
+    warps: int = 4
+    rows_per_warp: int = 4
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the register allocation must allow: caps registers at 128 per thread."""
+        return max(1, 512 // self.threads)
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.warps * self.rows_per_warp
+
+
+def choose_launch(shape, rows: int) -> LaunchConfig:
+    """Launch shape for ``rows`` batch rows: about 64 state rows per CTA (the head-level work is
+    amortised over more rows, and each warp keeps 8+ row loads in flight) unless that leaves fewer
+    than two CTAs per SM, then 16 rows per CTA."""
+    tiles = -(-shape.v_dim // 64)
+    rows_per_cta = -(-shape.v_dim // tiles)
+    if rows * shape.heads * tiles < 2 * SMS_H200:
+        return LaunchConfig(warps=4, rows_per_warp=4)
+    warps = 4 if rows_per_cta <= 40 else 8
+    return LaunchConfig(warps=warps, rows_per_warp=-(-rows_per_cta // warps))
+
+
+def kernel_arguments(program: Program) -> list[tuple[str, str]]:
+    """``(C type, name)`` of every kernel argument, in order; the runtime passes them in this order."""
+    st = "STATE_T*"
+    args = [(st, "checkpoint"), (st, "state"), (st, "snapshots"), ("const float*", "initial"),
+            ("float*", "materialized"), ("float*", "rec_decay"), ("float*", "rec_write"), ("float*", "rec_key"),
+            ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
+            ("const int*", "drafts"), ("const int*", "accepted")]
+    for spec in program.declaration.inputs:
+        args.append(("const float*", ("tok_" if spec.kind == "token" else "par_") + spec.name))
+    args += [("float*", "out"), ("int", "rows"), ("int", "t_tok")]
+    return args
+
+
+def grid_of(kernel: Kernel, program: Program, launch: LaunchConfig, rows: int) -> tuple[tuple, tuple]:
+    """(grid, block) for ``rows`` batch rows."""
+    if kernel.grid == ("B",):
+        return ((rows + FILL_THREADS - 1) // FILL_THREADS, 1, 1), (FILL_THREADS, 1, 1)
+    tiles = (program.shape.v_dim + launch.rows_per_cta - 1) // launch.rows_per_cta
+    return (tiles, program.shape.heads, rows), (launch.threads, 1, 1)
+
+
