@@ -5,6 +5,7 @@
     replayssm traffic --preset P             bytes per decode step: conventional vs replay
     replayssm check NAME [--backend B]       run NAME end to end, largest error against the oracle
     replayssm emit NAME --preset P -o DIR    every kernel's CUDA source, each compilable alone
+                     [--standalone]          or one .cu with extern "C" launchers, a header, manifest.json
     replayssm bench [--quick]                GPU benchmark (needs a GPU): table, JSON, Markdown, PNG
 """
 
@@ -94,6 +95,11 @@ def cmd_emit(args) -> int:
     program = lower(decl, p.shape, _config(args))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    if args.standalone:
+        from replayssm_dsl.lowering.standalone import write_standalone
+        for path in write_standalone(program, out):
+            print(path)
+        return 0
     for kernel in program.kernels:
         path = out / f"{decl.name}-{p.name}-{kernel.name}.cu"
         path.write_text(render_program(program, kernels=[kernel.name]))
@@ -143,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--preset", required=True, choices=sorted(PRESETS))
     p.add_argument("-o", "--output", required=True)
+    p.add_argument("--standalone", action="store_true",
+                   help="one self-contained .cu with extern \"C\" launchers, a header and manifest.json")
     with_config(p, shape=False)
     p.set_defaults(func=cmd_emit)
     p = sub.add_parser("bench", help="GPU benchmark of the generated kernels (needs a GPU)")
