@@ -1,0 +1,192 @@
+"""Runtime layer: PyTorch custom operators over a replay cache (torch is optional; import this module
+only where it is installed).
+
+``TorchReplayCache`` owns a CPU or CUDA replay cache and exposes its state (checkpoint pages, record
+buffers, fills) as torch tensors that share the cache's memory. The operators
+
+    torch.ops.replayssm.step(key, state, slot, src_page, dst_page, tokens) -> out [B, HV, V]
+    torch.ops.replayssm.verify(key, state, slot, src_page, dst_page, drafts, tokens) -> out [B, T, HV, V]
+    torch.ops.replayssm.commit(key, state, slot, drafts, accepted) -> ()
+    torch.ops.replayssm.load(key, state, slot, dst_page, states) -> ()
+    torch.ops.replayssm.materialize(key, state, slot, src_page) -> [B, HV, V, K]
+
+declare the state tensors they change (``mutates_args``) and have fake implementations, so
+``torch.compile`` can trace a model that calls them. ``key`` names the cache (a string: operators take
+no Python objects); ``tokens`` are the declaration's token inputs in declaration order. Batch arrays
+on the GPU go straight to the kernels (no host work: capturable in a CUDA graph); on the CPU they are
+checked like any other call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import numpy as np
+import torch
+
+_CACHES: dict = {}
+_KEYS = itertools.count()
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().numpy()
+
+
+class TorchReplayCache:
+    """A replay cache whose buffers are torch tensors (``.state``), driven through ``torch.ops.replayssm``."""
+
+    def __init__(self, decl, shape, config, *, slots: int, params: dict, device="cpu", pages: int | None = None):
+        device = torch.device(device)
+        params = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+        if device.type == "cuda":
+            from .cuda_cache import CudaReplayCache
+            self.cache = CudaReplayCache(decl, shape, config, slots=slots, params=params, pages=pages)
+            wrap = torch.from_dlpack
+        else:
+            from .cpu_cache import CpuReplayCache
+            self.cache = CpuReplayCache(decl, shape, config, slots=slots, params=params, pages=pages,
+                                        precision="float32")
+            wrap = torch.from_numpy
+        self.key = f"cache{next(_KEYS)}"
+        _CACHES[self.key] = self
+        self.device = device
+        self.names = [b.name for b in self.cache.program.buffers
+                      if b.role in ("state", "record", "meta") and b.name in self.cache.buffers]
+        self.state = [wrap(self.cache.buffers[name]) for name in self.names]  # shared memory, no copies
+        # The operators bind the cache to whatever state tensors they are given, so the tensors are
+        # the truth: keep ``self.state`` (e.g. as module buffers) and pass it to every call.
+        self.token_names = [s.name for s in decl.inputs if s.kind == "token"]
+        self.shape = shape
+
+    def fills(self) -> np.ndarray:
+        return self.state[self.names.index("fill")].cpu().numpy().copy()
+
+    def tokens(self, tokens: dict) -> list:
+        return [tokens[name] for name in self.token_names]
+
+    def _host_or_device_batch(self, **arrays):
+        if self.device.type == "cuda":
+            import cupy as cp
+            return {k: cp.from_dlpack(v.to(torch.int32).contiguous()) for k, v in arrays.items()}
+        return {k: _numpy(v).astype(np.int32) for k, v in arrays.items()}
+
+
+def _bind(c: TorchReplayCache, state: list) -> None:
+    if len(state) != len(c.names):
+        raise ValueError(f"state: expected {len(c.names)} tensors ({c.names}), got {len(state)}")
+    if c.device.type == "cuda":
+        import cupy as cp
+        c.cache.buffers.update({n: cp.from_dlpack(t.detach()) for n, t in zip(c.names, state)})
+    else:
+        c.cache.buffers.update({n: _numpy(t) for n, t in zip(c.names, state)})
+
+
+@contextlib.contextmanager
+def _cache(key: str, state: list):
+    """The cache called ``key`` with its buffers bound to the ``state`` tensors the operator was given
+    (under torch.compile these are functionalised copies: the kernels must write to them), bound
+    back to the cache's own tensors afterwards."""
+    if key not in _CACHES:
+        raise KeyError(f"key: no replay cache {key!r} (create a TorchReplayCache first)")
+    c = _CACHES[key]
+    _bind(c, state)
+    if c.device.type == "cuda":
+        c.cache.stream = torch.cuda.current_stream(c.device)  # torch's stream, also while capturing a graph
+    try:
+        yield c
+    finally:
+        _bind(c, c.state)
+
+
+def _named(c: TorchReplayCache, tokens) -> dict:
+    return {name: t.contiguous() if c.device.type == "cuda" else _numpy(t) for name, t in zip(c.token_names, tokens)}
+
+
+@torch.library.custom_op("replayssm::step", mutates_args=("state",))
+def step(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor, dst_page: torch.Tensor,
+         tokens: list[torch.Tensor]) -> torch.Tensor:
+    with _cache(key, state) as c:
+        rows = slot.shape[0]
+        out = torch.empty((rows, 1, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
+        if c.device.type == "cuda":
+            batch = c._host_or_device_batch(slot=slot, src_page=src_page, dst_page=dst_page,
+                                            drafts=torch.ones_like(slot), accepted=torch.zeros_like(slot))
+            toks = {name: t.unsqueeze(1).contiguous() for name, t in zip(c.token_names, tokens)}
+            c.cache.launch_step(batch, toks, out)
+        else:
+            c.cache.step(_numpy(slot), _named(c, tokens), src_pages=_numpy(src_page), dst_pages=_numpy(dst_page),
+                         out=_numpy(out))
+        return out[:, 0].clone()
+
+
+@step.register_fake
+def _(key, state, slot, src_page, dst_page, tokens):
+    c = _CACHES[key]
+    return slot.new_empty((slot.shape[0], c.shape.heads, c.shape.v_dim), dtype=torch.float32)
+
+
+@torch.library.custom_op("replayssm::verify", mutates_args=("state",))
+def verify(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor, dst_page: torch.Tensor,
+           drafts: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:
+    with _cache(key, state) as c:
+        rows, t = slot.shape[0], tokens[0].shape[1]
+        out = torch.empty((rows, t, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
+        if c.device.type == "cuda":
+            batch = c._host_or_device_batch(slot=slot, src_page=src_page, dst_page=dst_page, drafts=drafts,
+                                            accepted=torch.zeros_like(slot))
+            c.cache.launch_verify(batch, {n: x.contiguous() for n, x in zip(c.token_names, tokens)}, out)
+        else:
+            c.cache.verify(_numpy(slot), _named(c, tokens), _numpy(drafts), src_pages=_numpy(src_page),
+                           dst_pages=_numpy(dst_page), out=_numpy(out))
+        return out
+
+
+@verify.register_fake
+def _(key, state, slot, src_page, dst_page, drafts, tokens):
+    c = _CACHES[key]
+    return slot.new_empty((slot.shape[0], tokens[0].shape[1], c.shape.heads, c.shape.v_dim), dtype=torch.float32)
+
+
+@torch.library.custom_op("replayssm::commit", mutates_args=("state",))
+def commit(key: str, state: list[torch.Tensor], slot: torch.Tensor, drafts: torch.Tensor,
+           accepted: torch.Tensor) -> None:
+    with _cache(key, state) as c:
+        if c.device.type == "cuda":
+            batch = c._host_or_device_batch(slot=slot, src_page=slot, dst_page=slot, drafts=drafts, accepted=accepted)
+            c.cache.launch_commit(batch)
+        else:
+            c.cache.commit(_numpy(accepted))
+
+
+@commit.register_fake
+def _(key, state, slot, drafts, accepted):
+    return None
+
+
+@torch.library.custom_op("replayssm::load", mutates_args=("state",))
+def load(key: str, state: list[torch.Tensor], slot: torch.Tensor, dst_page: torch.Tensor, states: torch.Tensor) -> None:
+    with _cache(key, state) as c:
+        value = states.contiguous() if c.device.type == "cuda" else _numpy(states)
+        c.cache.load(slot.cpu().numpy(), value, dst_pages=dst_page.cpu().numpy())
+
+
+@load.register_fake
+def _(key, state, slot, dst_page, states):
+    return None
+
+
+@torch.library.custom_op("replayssm::materialize", mutates_args=())
+def materialize(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor) -> torch.Tensor:
+    with _cache(key, state) as c:
+        s = c.shape
+        out = torch.empty((slot.shape[0], s.heads, s.v_dim, s.k_dim), dtype=torch.float32, device=slot.device)
+        c.cache.materialize(slot.cpu().numpy(), src_pages=src_page.cpu().numpy(),
+                            out=out if c.device.type == "cuda" else _numpy(out))
+        return out
+
+
+@materialize.register_fake
+def _(key, state, slot, src_page):
+    s = _CACHES[key].shape
+    return slot.new_empty((slot.shape[0], s.heads, s.v_dim, s.k_dim), dtype=torch.float32)

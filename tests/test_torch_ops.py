@@ -1,0 +1,111 @@
+"""torch.library operators over the replay cache: same results as the cache itself, fake
+implementations for torch.compile, a compiled decode function equal to eager; on a GPU, a decode
+step captured in a torch CUDA graph replays like eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants  # noqa: E402
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens  # noqa: E402
+from replayssm_dsl.runtime.cpu_cache import CpuReplayCache  # noqa: E402
+from replayssm_dsl.runtime.torch_ops import TorchReplayCache  # noqa: E402
+
+DECL, SHAPE, CONFIG = variants.get("gdn"), ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
+
+
+def _pair(device="cpu", seed=0, slots=3):
+    rng = np.random.default_rng(seed)
+    params = random_params(DECL, SHAPE, rng)
+    tc = TorchReplayCache(DECL, SHAPE, CONFIG, slots=slots, params=params, device=device)
+    ref = CpuReplayCache(DECL, SHAPE, CONFIG, slots=slots, params=params, precision="float32")
+    states = random_state(SHAPE, rng, (slots,)).astype(np.float32)
+    idx = torch.arange(slots, dtype=torch.int32, device=device)
+    torch.ops.replayssm.load(tc.key, tc.state, idx, idx, torch.tensor(states, device=device))
+    ref.load(list(range(slots)), states)
+    return tc, ref, rng
+
+
+def _t(tokens, device="cpu"):
+    return {k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in tokens.items()}
+
+
+def test_operators_match_the_cache():
+    tc, ref, rng = _pair()
+    slot = torch.tensor([2, 0, -1], dtype=torch.int32)
+    for i in range(7):
+        toks = random_tokens(DECL, SHAPE, rng, (3,))
+        got = torch.ops.replayssm.step(tc.key, tc.state, slot, slot, slot, tc.tokens(_t(toks)))
+        want = ref.step(slot.numpy(), toks)
+        np.testing.assert_allclose(got[:2].numpy(), want[:2], rtol=1e-6, atol=1e-6)
+    drafts = torch.tensor([3, 2, 0], dtype=torch.int32)
+    vt = random_tokens(DECL, SHAPE, rng, (3, 3))
+    got = torch.ops.replayssm.verify(tc.key, tc.state, slot, slot, slot, drafts, tc.tokens(_t(vt)))
+    want = ref.verify(slot.numpy(), vt, drafts.numpy())
+    np.testing.assert_allclose(got[0].numpy(), want[0], rtol=1e-6, atol=1e-6)
+    torch.ops.replayssm.commit(tc.key, tc.state, slot, drafts, torch.tensor([2, 1, 0], dtype=torch.int32))
+    ref.commit([2, 1, 0])
+    mat = torch.ops.replayssm.materialize(tc.key, tc.state, slot[:2], slot[:2])
+    np.testing.assert_allclose(mat.numpy(), ref.materialize(slot[:2].numpy()), rtol=1e-6, atol=1e-6)
+    assert np.array_equal(tc.fills(), ref.fills())
+
+
+def test_fake_implementations_and_schema():
+    tc, _, rng = _pair()
+    slot = torch.tensor([1, 0], dtype=torch.int32)
+    toks = tc.tokens(_t(random_tokens(DECL, SHAPE, rng, (2,))))
+    torch.library.opcheck(torch.ops.replayssm.step.default, (tc.key, tc.state, slot, slot, slot, toks),
+                          test_utils=("test_schema", "test_faketensor"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake_state = [mode.from_tensor(s) for s in tc.state]
+        out = torch.ops.replayssm.step(tc.key, fake_state, mode.from_tensor(slot), mode.from_tensor(slot),
+                                       mode.from_tensor(slot), [mode.from_tensor(t) for t in toks])
+        assert tuple(out.shape) == (2, SHAPE.heads, SHAPE.v_dim)
+
+
+def test_torch_compile_traces_a_decode_loop_like_eager():
+    traced, ref, rng = _pair(seed=4)
+    eager = TorchReplayCache(DECL, SHAPE, CONFIG, slots=3, params=ref.params)
+    idx = torch.arange(3, dtype=torch.int32)
+    states = torch.ops.replayssm.materialize(traced.key, traced.state, idx, idx)  # the same start
+    torch.ops.replayssm.load(eager.key, eager.state, idx, idx, states)
+
+    def decode(key, state, slot, tokens):
+        out = torch.ops.replayssm.step(key, state, slot, slot, slot, tokens)
+        return torch.tanh(out) * 2.0
+
+    compiled = torch.compile(decode, fullgraph=True, backend="aot_eager")
+    slot = torch.tensor([0, 2, 1], dtype=torch.int32)
+    for i in range(6):
+        toks = _t(random_tokens(DECL, SHAPE, rng, (3,)))
+        a = compiled(traced.key, traced.state, slot, traced.tokens(toks))
+        b = decode(eager.key, eager.state, slot, eager.tokens(toks))
+        torch.testing.assert_close(a, b)
+    assert np.array_equal(traced.fills(), eager.fills()) and traced.fills().any()
+
+
+@pytest.mark.gpu
+def test_cuda_graph_of_a_torch_decode_step_replays_like_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    graphed, _, rng = _pair("cuda", seed=6)
+    eager, _, _ = _pair("cuda", seed=6)
+    slot = torch.tensor([2, 0, 1], dtype=torch.int32, device="cuda")
+    toks = _t(random_tokens(DECL, SHAPE, rng, (3,)), "cuda")
+    static = graphed.tokens(toks)
+    torch.ops.replayssm.step(graphed.key, graphed.state, slot, slot, slot, static)  # warm: compile and load
+    torch.ops.replayssm.step(eager.key, eager.state, slot, slot, slot, eager.tokens(toks))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.replayssm.step(graphed.key, graphed.state, slot, slot, slot, static)
+    for i in range(9):
+        new = _t(random_tokens(DECL, SHAPE, rng, (3,)), "cuda")
+        for dst, src in zip(static, graphed.tokens(new)):
+            dst.copy_(src)
+        graph.replay()
+        want = torch.ops.replayssm.step(eager.key, eager.state, slot, slot, slot, eager.tokens(new))
+        torch.testing.assert_close(out, want)
