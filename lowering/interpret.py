@@ -15,7 +15,7 @@ import numpy as np
 from replayssm_dsl.evaluate import evaluate_fields
 
 from .buffer_rules import step_flushes, verify_flushes
-from .ir import Kernel, Program, Stmt, When
+from .ir import Kernel, Program, When
 
 
 def round_to_storage(x: np.ndarray, dtype: str, compute: np.dtype) -> np.ndarray:
@@ -249,7 +249,3 @@ class Interpreter:
         kernel = self.p.kernel(kernel) if isinstance(kernel, str) else kernel
         for b in range(rows):
             self._run_body(kernel.body, bufs, b, {})
-
-
-def statements(kernel: Kernel) -> list[Stmt]:
-    return [s for s, _ in kernel.statements()]

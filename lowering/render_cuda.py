@@ -19,8 +19,8 @@ from pathlib import Path
 
 from replayssm_dsl.errors import LoweringError
 
-from .ir import Kernel, Program, When
-from .launch import FILL_THREADS, LaunchConfig, choose_launch, grid_of, kernel_arguments  # noqa: F401 (re-exported)
+from .ir import Kernel, Program
+from .launch import FILL_THREADS, LaunchConfig, kernel_arguments
 from .render_expr import ExprRenderer
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
@@ -290,7 +290,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         "    for (int c = 0; c < KE; ++c) {",
         "        const int e = k_index(c, lane);",
         "        if (e < K) {",
-        f"            const float kd = sh_key[i * K + e]" + (f" * {_decay_between(decl, 'n + j', 'i')}" if decl.decay_form == "vector" else "") + ";",
+        "            const float kd = sh_key[i * K + e]" + (f" * {_decay_between(decl, 'n + j', 'i')}" if decl.decay_form == "vector" else "") + ";",
         "            aq += kd * sh_q[j * K + e];",
         "            ak += kd * sh_key[(n + j) * K + e];",
         "        }",

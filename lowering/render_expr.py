@@ -63,7 +63,7 @@ class ExprRenderer:
                 self.lines += [
                     f"float {name}[KE];",
                     "{",
-                    f"    float ss = 0.f;",
+                    "    float ss = 0.f;",
                     "    #pragma unroll",
                     f"    for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? {x}[i] * {x}[i] : 0.f;",
                     f"    const float inv = rsqrtf(warp_sum(ss) + {c_float(n.arg)});",

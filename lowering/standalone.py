@@ -60,8 +60,8 @@ def render_header(program: Program, launch: LaunchConfig) -> str:
     def c_type(ctype: str) -> str:
         return ctype.replace("const ", "").replace("STATE_T", f"{name}_state_t")
 
-    struct = "".join(f"    {c_type(ctype)} {arg};  /* {_doc(program, arg)[0]} {_doc(program, arg)[1]}: "
-                     f"{_doc(program, arg)[2]} */\n" for ctype, arg in _pointer_args(program))
+    struct = "".join("    {} {};  /* {} {}: {} */\n".format(c_type(ctype), arg, *_doc(program, arg))
+                     for ctype, arg in _pointer_args(program))
     state_t = STATE_C_TYPES[cfg.state_dtype]
     lines = [
         f"/* {name}.h: ReplaySSM decode kernels for {decl.name!r} (declaration {decl.fingerprint}).",

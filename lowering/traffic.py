@@ -85,9 +85,7 @@ def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: in
                 acc += Traffic(state_write=per * E * DTYPE_BYTES[p.buffer(s.attr("buffer")).dtype])
             elif s.op == "load_records":
                 acc += Traffic(record_read=n * R)
-            elif s.op in ("fold",):
-                n = 0
-            elif s.op == "empty_records":
+            elif s.op in ("fold", "empty_records"):
                 n = 0
             elif s.op == "append":
                 acc += Traffic(record_write=t * R)

@@ -13,7 +13,9 @@ import json
 import numpy as np
 
 from replayssm_dsl import knobs
-from replayssm_dsl.lowering.render_cuda import LaunchConfig
+from replayssm_dsl.lowering.launch import LaunchConfig
+
+from .benchmark import capture_graphs, time_graphs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 4), LaunchConfig(4, 8), LaunchConfig(8, 8))
 
@@ -54,26 +56,13 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20) -> t
         batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            cache.launch_step(batch, toks, out)
-            stream.begin_capture()
-            cache.launch_step(batch, toks, out)
-            graph = stream.end_capture()
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            times = []
-            for i in range(reps + 3):
-                start.record(stream)
-                graph.launch(stream)
-                end.record(stream)
-                end.synchronize()
-                if i >= 3:
-                    times.append(cp.cuda.get_elapsed_time(start, end))
-        timings[launch] = float(np.median(times))
+        stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
+        timings[launch] = time_graphs(cp, stream, graphs, reps)
+        program = cache.program
         del cache
     best = min(timings, key=timings.get)
     table = load_table()
-    table[table_key(CudaReplayCache.program_for(decl, shape, config), rows)] = {
+    table[table_key(program, rows)] = {
         "launch": {"warps": best.warps, "rows_per_warp": best.rows_per_warp},
         "ms": {f"{c.warps}x{c.rows_per_warp}": t for c, t in timings.items()}}
     path = knobs.autotune_cache()

@@ -41,7 +41,7 @@ def _median_ms(cp, launch, reps: int, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
-def _graphs(cp, build, sets: int):
+def capture_graphs(cp, build, sets: int):
     """Capture ``build(i)`` (a sequence of launches on input set ``i``) into one graph per set."""
     stream = cp.cuda.Stream(non_blocking=True)
     graphs = []
@@ -55,7 +55,7 @@ def _graphs(cp, build, sets: int):
     return stream, graphs
 
 
-def _time_graphs(cp, stream, graphs, reps: int) -> float:
+def time_graphs(cp, stream, graphs, reps: int) -> float:
     with stream:
         return _median_ms(cp, lambda i: graphs[i % len(graphs)].launch(stream), reps)
 
@@ -173,12 +173,12 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     res = {"preset": preset_name, "variant": p.variant, "B": batch,
            "launch": f"{launch.warps}x{launch.rows_per_warp}", "tuning_ms": {str(k): v for k, v in tuning.items()}}
 
-    stream, graphs = _graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
-    res["replay_step"] = _time_graphs(cp, stream, graphs, reps)
-    stream, graphs = _graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1), INPUT_SETS)
-    res["conventional_step"] = _time_graphs(cp, stream, graphs, reps)
-    stream, graphs = _graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
-    res["flush"] = _time_graphs(cp, stream, graphs, reps)
+    stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
+    res["replay_step"] = time_graphs(cp, stream, graphs, reps)
+    stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1), INPUT_SETS)
+    res["conventional_step"] = time_graphs(cp, stream, graphs, reps)
+    stream, graphs = capture_graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
+    res["flush"] = time_graphs(cp, stream, graphs, reps)
     for t in (2, 4, 8):
         toks = [{k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
                 for _ in range(2)]
@@ -188,15 +188,15 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
         def verify_commit(i, toks=toks, vb=vb, outt=outt):
             cache.launch_verify(vb, toks[i], outt)
             cache.launch_commit(vb)
-        stream, graphs = _graphs(cp, verify_commit, 2)
-        res[f"verify_T{t}"] = _time_graphs(cp, stream, graphs, reps)
+        stream, graphs = capture_graphs(cp, verify_commit, 2)
+        res[f"verify_T{t}"] = time_graphs(cp, stream, graphs, reps)
     t = 8
     snaps = cp.empty((batch, t, HV, V, K), cp.float32)
     vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32))
     stoks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
     outt = cp.empty((batch, t, HV, V), cp.float32)
-    stream, graphs = _graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt, snapshots=snaps), 1)
-    res["snapshot_verify_T8"] = _time_graphs(cp, stream, graphs, max(5, reps // 4))
+    stream, graphs = capture_graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt, snapshots=snaps), 1)
+    res["snapshot_verify_T8"] = time_graphs(cp, stream, graphs, max(5, reps // 4))
     del snaps
     state_bytes = batch * HV * V * K * 4
     res["copy_floor"], res["read_floor"] = _floors(cp, state_bytes, reps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from replayssm_dsl.errors import InputError
-from replayssm_dsl.lowering.render_cuda import LaunchConfig, choose_launch, kernel_arguments
+from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
 
 from .cache_base import ReplayCacheBase
 from .cuda_module import CompiledProgram, _cupy
@@ -40,11 +40,6 @@ class CudaReplayCache(ReplayCacheBase):
         self._dummy = {"float": cp.zeros(4, cp.float32), "int": cp.zeros(4, cp.int32),
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
-
-    @staticmethod
-    def program_for(decl, shape, config):
-        from replayssm_dsl.lowering import lower
-        return lower(decl, shape, config)
 
     def _compiled_for(self, rows: int) -> CompiledProgram:
         """The module for a batch of ``rows``: a fixed launch if given, else ``choose_launch``."""

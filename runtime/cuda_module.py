@@ -13,7 +13,8 @@ import hashlib
 
 from replayssm_dsl import knobs
 from replayssm_dsl.lowering.ir import Program
-from replayssm_dsl.lowering.render_cuda import LaunchConfig, grid_of, render_program
+from replayssm_dsl.lowering.launch import LaunchConfig, grid_of
+from replayssm_dsl.lowering.render_cuda import render_program
 
 _MODULES: dict[str, object] = {}
 

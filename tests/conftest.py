@@ -27,7 +27,6 @@ def gpu_unavailable() -> str:
 @functools.lru_cache(maxsize=None)
 def nvrtc_unavailable() -> str:
     try:
-        from cuda.bindings import nvrtc  # noqa: F401
         from cuda.bindings.nvrtc import nvrtcVersion
         nvrtcVersion()
     except Exception as exc:

@@ -233,7 +233,7 @@ def test_gpu_torch_tensors_and_stream_without_copies():
 
 
 def _launch_shapes():
-    from replayssm_dsl.lowering.render_cuda import LaunchConfig
+    from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.runtime.autotune import CANDIDATES
     return list(dict.fromkeys(CANDIDATES + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
 

@@ -56,7 +56,7 @@ def test_library_through_ctypes_matches_the_python_runtime(tmp_path):
 
     from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
     from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
-    from replayssm_dsl.lowering.render_cuda import LaunchConfig
+    from replayssm_dsl.lowering.launch import LaunchConfig
 
     decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
     rng = np.random.default_rng(0)
