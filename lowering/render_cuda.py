@@ -59,16 +59,22 @@ def _guarded(cond: str, body: list[str]) -> list[str]:
 
 
 # --- pieces shared by the templates ---------------------------------------------------------------
-def _prologue(f: Facts, program: Program) -> list[str]:
-    lines = [
+def _ids(f: Facts) -> list[str]:
+    """Indices and the batch row's metadata loads (issued together: nothing here waits on memory)."""
+    return [
         "const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;",
         "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;",
         "const int v0 = blockIdx.x * BV;",
         "const int slot = slots[b];",
-        "if (slot < 0) return;  // null slot: a padded row touches nothing",
         "const int src = src_page[b], dst = dst_page[b];",
         f"const int t = {'drafts[b]' if f.drafts else '1'};",
+        "(void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;",
     ]
+
+
+def _fill_lines(f: Facts) -> list[str]:
+    """The slot's buffer fill and the flush decision (after the null-slot return)."""
+    lines = ["if (slot < 0) return;  // null slot: a padded row touches nothing"]
     if "load_fill" in f.stmts:
         lines.append("int n = fill[slot];")
     elif f.family != "copy":
@@ -76,7 +82,6 @@ def _prologue(f: Facts, program: Program) -> list[str]:
     if "flush_rule" in f.stmts:
         rule = f.stmts["flush_rule"].attr("rule")
         lines.append("const bool flush = " + ("n + 1 >= WINDOW;" if rule == "step" else "n + t > CAPACITY;"))
-    lines.append("(void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;")
     return lines
 
 
@@ -87,68 +92,87 @@ def _state_page_lines(f: Facts) -> list[str]:
     return lines
 
 
-def _fields(program: Program, decl, replay: bool = True) -> list[str]:
-    """Head-level fields of tokens j < t (one warp per token) into shared memory. A vector decay
-    goes straight to ``sh_G[n + j]`` in replay kernels (``cumulate`` sums it in place)."""
-    vector_decay_store, vector_decay_index = ("sh_G", "(n + j) * K + e") if replay else ("sh_g", "j * K + e")
+def _fields(decl, mode: str) -> list[str]:
+    """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
+    dependence on the fill, so their loads fly with the state's).
+
+    ``mode == "replay"``: keys → ``sh_kd``, raw log-decays → ``sh_g`` (scalar) or ``sh_qd`` (vector; the
+    cumulate phase replaces both by the decayed key and query). ``mode == "recur"``: keys → ``sh_key``,
+    decay factors ``e^g`` → ``sh_g``."""
+    replay = mode == "replay"
     r = ExprRenderer(decl, "f")
     ex = decl.expressions()
     key = r.render(ex["key"], "K")
     query = r.render(ex["query"], "K")
-    lines = ["for (int j = warp; j < t; j += WARPS) {"]
     body = list(r.lines)
-    stores = [f"    if (e < K) {{ sh_key[(n + j) * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"]
+    stores = f"if (e < K) {{ {'sh_kd' if replay else 'sh_key'}[j * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"
     scalar_lines = []
     if decl.decay_form == "vector":
         rv = ExprRenderer(decl, "g")
         g = rv.render(ex["decay"], "K")
         body += rv.lines
-        stores[0] += f" {vector_decay_store}[{vector_decay_index}] = {g}[i];"
+        stores += f" sh_qd[j * K + e] = {g}[i];" if replay else f" sh_g[j * K + e] = expf({g}[i]);"
     elif decl.decay_form == "scalar":
         rs = ExprRenderer(decl, "g")
         g = rs.render(ex["decay"], "")
         body += rs.lines
-        scalar_lines.append(f"sh_g[j] = {g};")
+        scalar_lines.append(f"sh_g[j] = {g};" if replay else f"sh_g[j] = expf({g});")
     strength = ex.get("beta", ex.get("strength"))
     if strength is not None:
         rb = ExprRenderer(decl, "s")
-        s = rb.render(strength, "")
+        s_name = rb.render(strength, "")
         body += rb.lines
-        scalar_lines.append(f"sh_beta[j] = {s};")
+        scalar_lines.append(f"sh_beta[j] = {s_name};")
     else:
         scalar_lines.append("sh_beta[j] = 1.f;")
-    stores[0] += " }"
-    lines += ["    " + x for x in body]
-    lines += ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
-              "    " + stores[0], "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"]
-    return lines
+    stores += " }"
+    return (["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in body]
+            + ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
+               "        " + stores, "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"])
 
 
-def _row_fields(decl, j: str = "j") -> tuple[list[str], dict]:
-    """Row-level fields (value, skip, gate) of token ``j`` at state row ``row``."""
+ROW_FIELDS = ("value", "skip", "gate")
+
+
+def _row_field_decls(decl, tn: str) -> list[str]:
+    roles = [role for role in ROW_FIELDS if role in decl.expressions()]
+    return [f"__shared__ float sh_{role}[{tn} * BV];" for role in roles]
+
+
+def _stage_row_fields(decl) -> list[str]:
+    """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
+    coalesced loads by every thread, so the row loop never waits on a token load."""
     ex = decl.expressions()
     r = ExprRenderer(decl, "r")
-    names = {role: r.render(ex[role], "V") for role in ("value", "skip", "gate") if role in ex}
-    return r.lines, names
+    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
+    stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
+    return (["for (int x = tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
+             "    if (row < V) {"] + ["        " + line for line in r.lines + stores] + ["    }", "}"])
 
 
-def _epilogue(names: dict) -> list[str]:
+def _row_field(decl, role: str) -> str | None:
+    return f"sh_{role}[j * BV + rr]" if role in decl.expressions() else None
+
+
+def _epilogue(decl) -> list[str]:
     lines = []
-    if "skip" in names:
-        lines.append(f"o += {names['skip']};")
-    if "gate" in names:
-        lines.append(f"o *= silu_f({names['gate']});")
+    if _row_field(decl, "skip"):
+        lines.append(f"o += {_row_field(decl, 'skip')};")
+    if _row_field(decl, "gate"):
+        lines.append(f"o *= {_row_field(decl, 'gate')};")
     return lines
 
 
 def _load_records(decl) -> list[str]:
-    kh = "KEY_HEADS"
+    """The buffer's keys (and decays) into shared memory, and the write records of the CTA's rows."""
     khead = "hk" if decl.key_level == "group" else "hv"
-    lines = [f"for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * {kh} + {khead}) * CAPACITY * K + x];"]
+    wide = "VEC == 4"
+    lines = [f"stage_floats<NREC * K, {wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, n * K, tid);"]
     if decl.decay_form == "scalar":
-        lines.append("for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];")
+        lines.append("stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);")
     elif decl.decay_form == "vector":
-        lines.append("for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];")
+        lines.append(f"stage_floats<NREC * K, {wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);")
+    lines.append("stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);")
     return lines
 
 
@@ -159,15 +183,6 @@ def _decay_between(decl, a: str, b: str, e: str = "e") -> str:
     if decl.decay_form == "scalar":
         return f"expf(sh_G[{a}] - sh_G[{b}])"
     return f"expf(sh_G[({a}) * K + {e}] - sh_G[({b}) * K + {e}])"
-
-
-def _decay_of(decl, a: str, e: str = "e") -> str:
-    """``exp(G_a)`` (decay since the checkpoint)."""
-    if decl.decay_form == "none":
-        return "1.f"
-    if decl.decay_form == "scalar":
-        return f"expf(sh_G[{a}])"
-    return f"expf(sh_G[({a}) * K + {e}])"
 
 
 def _row_loads(state_expr: str) -> list[str]:
@@ -182,14 +197,6 @@ def _row_loads(state_expr: str) -> list[str]:
     ]
 
 
-def _stage_writes() -> list[str]:
-    """The records' writes for this CTA's rows, coalesced, into shared memory (padded rows)."""
-    return ["for (int x = tid; x < n * BV; x += THREADS) {",
-            "    const int i = x / BV, rr = x % BV;",
-            "    sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;",
-            "}"]
-
-
 def _row_records() -> list[str]:
     """Lane i of a warp holds record i's write at each of the warp's rows."""
     return ["float wv[RPW];",
@@ -198,38 +205,46 @@ def _row_records() -> list[str]:
 
 
 def _fold_keys(decl, last: str, count: str) -> list[str]:
-    """In place: sh_key[m] ← k_m ⊙ e^{G_last − G_m} for m < count (then a barrier)."""
+    """In place: sh_key[m] ← k_m ⊙ e^{G_last − G_m} for m < count; ``sh_ed`` ← e^{G_last} for a vector
+    decay (then a barrier)."""
     if decl.decay_form == "none":
         return []
-    return [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
-            "    const int m = x / K, e = x % K;",
-            f"    sh_key[x] *= {_decay_between(decl, last, 'm')};",
-            "}",
-            "__syncthreads();"]
+    lines = [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
+             "    const int m = x / K, e = x % K;",
+             f"    sh_key[x] *= {_decay_between(decl, last, 'm')};",
+             "}"]
+    if decl.decay_form == "vector":
+        lines.append(f"for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[({last}) * K + e]);")
+    return lines + ["__syncthreads();"]
 
 
 def _fold_rows(decl, last: str, count: str) -> list[str]:
-    """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``_fold_keys``)."""
-    scale = {"none": [], "scalar": [f"const float a = {_decay_of(decl, last)};", "#pragma unroll",
-                                     "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
-             "vector": ["#pragma unroll",
-                        f"for (int i = 0; i < KE; ++i) {{ const int e = k_index(i, lane); if (e < K) s[r][i] *= {_decay_of(decl, last)}; }}"]}
-    return (["#pragma unroll", "for (int r = 0; r < RPW; ++r) {"] + ["    " + x for x in scale[decl.decay_form]] + [
-        f"    for (int m = 0; m < {count}; ++m) {{",
+    """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``_fold_keys``): records outer,
+    each key fragment read from shared memory once for all of the warp's rows."""
+    scale = {"none": [],
+             "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", "for (int r = 0; r < RPW; ++r)",
+                        "    #pragma unroll", "    for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
+             "vector": ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
+                        "    const float a = (e < K) ? sh_ed[e] : 0.f;",
+                        "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) s[r][i] *= a;", "}"]}
+    return scale[decl.decay_form] + [
+        f"for (int m = 0; m < {count}; ++m) {{",
+        "    float kf[KE];",
+        "    #pragma unroll",
+        "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }",
+        "    #pragma unroll",
+        "    for (int r = 0; r < RPW; ++r) {",
         "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
         "        #pragma unroll",
-        "        for (int i = 0; i < KE; ++i) {",
-        "            const int e = k_index(i, lane);",
-        "            if (e < K) s[r][i] += wm * sh_key[m * K + e];",
-        "        }",
+        "        for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];",
         "    }",
-        "}"])
+        "}"]
 
 
 def _draft_row_loop(inner: list[str]) -> list[str]:
     """Drafts outside (sequential), the warp's rows inside (unrolled: independent reductions)."""
     return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
-             "        const int row = v0 + warp * RPW + r;", "        if (row < V) {"]
+             "        const int rr = warp * RPW + r, row = v0 + rr;", "        if (row < V) {"]
             + ["            " + x for x in inner] + ["        }", "    }", "}"])
 
 
@@ -252,35 +267,56 @@ def _shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
     if replay:
         lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
                   f"__shared__ __align__(16) float sh_qd[{tn} * K];",
-                  f"__shared__ __align__(16) float sh_kd[{tn} * K];" if decl.is_delta else "",
+                  f"__shared__ __align__(16) float sh_kd[{tn} * K];",
                   f"__shared__ float sh_sq[{tn} * NREC];",
                   f"__shared__ float sh_sk[{tn} * NREC];"]
     if decl.decay_form == "scalar":
         lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":
-        lines += ["__shared__ __align__(16) float sh_G[NREC * K];" if replay else
-                  f"__shared__ __align__(16) float sh_g[{tn} * K];"]
-    return [line for line in lines if line]
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"] if replay else [
+            f"__shared__ __align__(16) float sh_g[{tn} * K];"]
+    return [line for line in lines if line] + _row_field_decls(decl, tn)
+
+
+def _cumulate(decl) -> list[str]:
+    """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'}; the drafts' keys join the records' (sh_key[n + j]); the
+    decayed query and key e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread
+    rewrites only the elements it reads)."""
+    if decl.decay_form == "vector":
+        return ["for (int e = tid; e < K; e += THREADS) {",
+                "    float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
+                "    for (int j = 0; j < t; ++j) {",
+                "        const int x = j * K + e;",
+                "        acc += sh_qd[x];  // the raw log-decay until this line",
+                "        sh_G[(n + j) * K + e] = acc;",
+                "        const float dec = expf(acc), key = sh_kd[x];",
+                "        sh_key[(n + j) * K + e] = key;",
+                "        sh_kd[x] = key * dec;",
+                "        sh_qd[x] = sh_q[x] * dec;",
+                "    }",
+                "}"]
+    decay = {"none": ["const float dec = 1.f;"],
+             "scalar": ["float acc = n ? sh_G[n - 1] : 0.f;", "for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];",
+                        "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]}[decl.decay_form]
+    return (["for (int x = tid; x < t * K; x += THREADS) {", "    const int j = x / K, e = x % K;"]
+            + ["    " + line for line in decay]
+            + ["    const float key = sh_kd[x];", "    sh_key[(n + j) * K + e] = key;",
+               "    sh_kd[x] = key * dec;", "    sh_qd[x] = sh_q[x] * dec;", "}"])
 
 
 def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
-    body = _prologue(f, program) + _shared_decls(decl, f.drafts, replay=True)
+    body = _ids(f) + _shared_decls(decl, f.drafts, replay=True) + _fill_lines(f)
     if "empty_records" in f.stmts:
         body += _guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
     body += _state_page_lines(f)
     body += _row_loads(CHECKPOINT_ROW.format(page="page"))
-    body += _guarded(f.guards.get("load_records", ""), _load_records(decl) + _stage_writes())
-    body += _fields(program, decl)
+    body += _fields(decl, "replay") + _stage_row_fields(decl)
+    body += _guarded(f.guards.get("load_records", ""), _load_records(decl))
     body.append("__syncthreads();")
-    # cumulate: G_{n+j} = G_{n-1} + Σ g
-    if decl.decay_form == "scalar":
-        body += ["if (tid == 0) { float acc = n ? sh_G[n - 1] : 0.f; for (int j = 0; j < t; ++j) { acc += sh_g[j]; sh_G[n + j] = acc; } }"]
-    elif decl.decay_form == "vector":
-        body += ["for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
-                 "    for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }"]
+    body += _cumulate(decl)
     body.append("__syncthreads();")
-    # scores and decayed query/key vectors
+    # scores: (k_i ⊙ e^{G_{n+j} − G_i}) · q_j and · k_j for every record i ≤ n + j
     body += [
         "for (int p = warp; p < t * NREC; p += WARPS) {",
         "    const int j = p / NREC, i = p % NREC;",
@@ -299,13 +335,6 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         "    aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;",
         "    if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }",
         "}",
-        "for (int x = tid; x < t * K; x += THREADS) {",
-        "    const int j = x / K, e = x % K;",
-        f"    const float dec = {_decay_of(decl, 'n + j')};",
-        "    sh_qd[x] = sh_q[x] * dec;",
-        "    sh_kd[x] = sh_key[(n + j) * K + e] * dec;" if decl.is_delta else "    (void)e;",
-        "}",
-        "__syncthreads();",
     ]
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
@@ -321,17 +350,17 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
                    f"rec_key[(((size_t)slot * KEY_HEADS + {khead}) * CAPACITY + n) * K + x] = sh_key[n * K + x];")
         rec.append("}")
         body += _guarded(append_guard, rec)
+    body.append("__syncthreads();")
     # rows
     body += _row_records()
-    row_lines, names = _row_fields(decl)
-    strength = "sh_beta[j]"
+    value = _row_field(decl, "value")
     write = (f"const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));\n"
-             f"const float w = {strength} * ({names['value']} - pk);") if decl.is_delta else f"const float w = {strength} * {names['value']};"
+             f"const float w = sh_beta[j] * ({value} - pk);") if decl.is_delta else f"const float w = sh_beta[j] * {value};"
     per_draft = bool(f.stmts["store_output"].attr("per_draft"))
-    inner = row_lines + write.split("\n") + [
+    inner = write.split("\n") + [
         "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
         " + w * sh_sq[j * NREC + n + j];",
-    ] + _epilogue(names) + [
+    ] + _epilogue(decl) + [
         "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
         else "if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
         "if (lane == n + j) wv[r] = w;",
@@ -348,24 +377,24 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
 
 def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
-    body = _prologue(f, program) + _shared_decls(decl, f.drafts, replay=False)
+    body = _ids(f) + _shared_decls(decl, f.drafts, replay=False) + _fill_lines(f)
     body += _row_loads(STATE_ROW.format(page="src"))
-    body += _fields(program, decl, replay=False)  # n = 0: keys at sh_key[j * K]
+    body += _fields(decl, "recur") + _stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
     body.append("__syncthreads();")
-    row_lines, names = _row_fields(decl)
-    decay = {"none": [], "scalar": ["const float a = expf(sh_g[j]);",
+    decay = {"none": [], "scalar": ["const float a = sh_g[j];",
                                     "#pragma unroll", "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
              "vector": ["#pragma unroll",
-                        "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_g[j * K + e]); }"]}[decl.decay_form]
+                        "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }"]}[decl.decay_form]
+    value = _row_field(decl, "value")
     write = (["const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));",
-              f"const float w = sh_beta[j] * ({names['value']} - pk);"] if decl.is_delta
-             else [f"const float w = sh_beta[j] * {names['value']};"])
+              f"const float w = sh_beta[j] * ({value} - pk);"] if decl.is_delta
+             else [f"const float w = sh_beta[j] * {value};"])
     snapshots = f.stmts["recur"].attr("snapshots")
-    inner = row_lines + decay + write + [
+    inner = decay + write + [
         "#pragma unroll",
         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
         "float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));",
-    ] + _epilogue(names) + [
+    ] + _epilogue(decl) + [
         "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
     ]
     if snapshots:
@@ -378,7 +407,7 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
 
 def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
-    body = _prologue(f, program)
+    body = _ids(f) + _fill_lines(f)
     guard = f.guards.get("fold", "")
     if guard:
         body.append(f"if (!({guard})) return;")
@@ -386,9 +415,9 @@ def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
     if decl.decay_form == "scalar":
         body.append("__shared__ float sh_G[NREC];")
     elif decl.decay_form == "vector":
-        body.append("__shared__ __align__(16) float sh_G[NREC * K];")
+        body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
     body += _row_loads(CHECKPOINT_ROW.format(page="src"))
-    body += _load_records(decl) + _stage_writes() + ["__syncthreads();"]
+    body += _load_records(decl) + ["__syncthreads();"]
     body += _row_records()
     fold = _fold_keys(decl, "n - 1", "n") + _fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
@@ -400,7 +429,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
 
 
 def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
-    body = _prologue(f, program)
+    body = _ids(f) + _fill_lines(f)
     body += ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
              "    if (row >= V) continue;", "    float s[KE];",
              "    load_row(initial + (((size_t)b * HV + hv) * V + row) * K, s, lane);",

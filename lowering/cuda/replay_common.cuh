@@ -2,8 +2,9 @@
 //
 // Layer: lowering (CUDA side). The generated source defines STATE_T (float, or unsigned short holding
 // fp16/bf16 bits), VEC (elements per lane access: 4 → 16-byte loads of float state), KCH (chunks of
-// 32·VEC elements along K per lane) and K before including this text. A lane of a warp owns the K
-// elements e = (c·32 + lane)·VEC + u, c < KCH, u < VEC: one coalesced 16-byte access per chunk.
+// 32·VEC elements along K per lane), K, V, BV (rows per CTA), NREC (records) and THREADS before
+// including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
+// u < VEC: one coalesced 16-byte access per chunk.
 #pragma once
 
 #define KE (KCH * VEC)  // K elements a lane holds
@@ -79,6 +80,58 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
         if (e < K) acc += s[i] * x[e];
     }
     return acc;
+}
+
+// Copy ``count`` floats (count <= MAXN; a multiple of 4 when WIDE) from global to shared memory, all
+// loads issued before the first store: the copy costs one memory latency, not one per loop trip.
+template <int MAXN, bool WIDE>
+__device__ __forceinline__ void stage_floats(float* __restrict__ dst, const float* __restrict__ src, int count,
+                                             int tid) {
+    if constexpr (WIDE) {
+        constexpr int PER = (MAXN / 4 + THREADS - 1) / THREADS;
+        float4 v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) v[p] = *reinterpret_cast<const float4*>(src + x);
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) *reinterpret_cast<float4*>(dst + x) = v[p];
+        }
+    } else {
+        constexpr int PER = (MAXN + THREADS - 1) / THREADS;
+        float v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) v[p] = src[x];
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) dst[x] = v[p];
+        }
+    }
+}
+
+// The buffer's write records of rows [v0, v0 + BV) into shared memory, record i at sh_w[i·(BV+1) + rr]
+// (padded against bank conflicts; zero past the fill and past V). Loads first, then stores.
+__device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
+                                             int v0, int tid) {
+    constexpr int PER = (NREC * BV + THREADS - 1) / THREADS;
+    float v[PER];
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        v[p] = (i < n && v0 + rr < V) ? head_writes[(size_t)i * V + v0 + rr] : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        if (x < NREC * BV) sh_w[i * (BV + 1) + rr] = v[p];
+    }
 }
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }

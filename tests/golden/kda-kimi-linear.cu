@@ -39,8 +39,9 @@ typedef float STATE_T;
 //
 // Layer: lowering (CUDA side). The generated source defines STATE_T (float, or unsigned short holding
 // fp16/bf16 bits), VEC (elements per lane access: 4 → 16-byte loads of float state), KCH (chunks of
-// 32·VEC elements along K per lane) and K before including this text. A lane of a warp owns the K
-// elements e = (c·32 + lane)·VEC + u, c < KCH, u < VEC: one coalesced 16-byte access per chunk.
+// 32·VEC elements along K per lane), K, V, BV (rows per CTA), NREC (records) and THREADS before
+// including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
+// u < VEC: one coalesced 16-byte access per chunk.
 
 #define KE (KCH * VEC)  // K elements a lane holds
 
@@ -117,6 +118,58 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
     return acc;
 }
 
+// Copy ``count`` floats (count <= MAXN; a multiple of 4 when WIDE) from global to shared memory, all
+// loads issued before the first store: the copy costs one memory latency, not one per loop trip.
+template <int MAXN, bool WIDE>
+__device__ __forceinline__ void stage_floats(float* __restrict__ dst, const float* __restrict__ src, int count,
+                                             int tid) {
+    if constexpr (WIDE) {
+        constexpr int PER = (MAXN / 4 + THREADS - 1) / THREADS;
+        float4 v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) v[p] = *reinterpret_cast<const float4*>(src + x);
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) *reinterpret_cast<float4*>(dst + x) = v[p];
+        }
+    } else {
+        constexpr int PER = (MAXN + THREADS - 1) / THREADS;
+        float v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) v[p] = src[x];
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) dst[x] = v[p];
+        }
+    }
+}
+
+// The buffer's write records of rows [v0, v0 + BV) into shared memory, record i at sh_w[i·(BV+1) + rr]
+// (padded against bank conflicts; zero past the fill and past V). Loads first, then stores.
+__device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
+                                             int v0, int tid) {
+    constexpr int PER = (NREC * BV + THREADS - 1) / THREADS;
+    float v[PER];
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        v[p] = (i < n && v0 + rr < V) ? head_writes[(size_t)i * V + v0 + rr] : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        if (x < NREC * BV) sh_w[i * (BV + 1) + rr] = v[p];
+    }
+}
+
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float logsigmoid_f(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
@@ -160,15 +213,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    const int n = 0;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[1 * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
     __shared__ __align__(16) float sh_g[1 * K];
+    __shared__ float sh_value[1 * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    const int n = 0;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -228,21 +282,27 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = g7[i]; }
+            if (e < K) { sh_key[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = expf(g7[i]); }
         }
         if (lane == 0) { sh_beta[j] = s1; }
+    }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_g[j * K + e]); }
+                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
                 const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-                const float w = sh_beta[j] * (r0 - pk);
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
                 float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
@@ -294,15 +354,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
-    const int n = 0;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[TMAX * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ __align__(16) float sh_g[TMAX * K];
+    __shared__ float sh_value[TMAX * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    const int n = 0;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -362,21 +423,27 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = g7[i]; }
+            if (e < K) { sh_key[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = expf(g7[i]); }
         }
         if (lane == 0) { sh_beta[j] = s1; }
+    }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_g[j * K + e]); }
+                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
                 const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-                const float w = sh_beta[j] * (r0 - pk);
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
                 float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
@@ -433,12 +500,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    int n = fill[slot];
-    const bool flush = n + 1 >= WINDOW;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
@@ -448,18 +512,17 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_sq[1 * NREC];
     __shared__ float sh_sk[1 * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
+    __shared__ float sh_ed[K];
+    __shared__ float sh_value[1 * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    int n = fill[slot];
+    const bool flush = n + 1 >= WINDOW;
     int page = src;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-    }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -514,13 +577,33 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_G[(n + j) * K + e] = g7[i]; }
+            if (e < K) { sh_kd[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_qd[j * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+        }
+    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
-    for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
-        for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }
+    for (int e = tid; e < K; e += THREADS) {
+        float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
+        for (int j = 0; j < t; ++j) {
+            const int x = j * K + e;
+            acc += sh_qd[x];  // the raw log-decay until this line
+            sh_G[(n + j) * K + e] = acc;
+            const float dec = expf(acc), key = sh_kd[x];
+            sh_key[(n + j) * K + e] = key;
+            sh_kd[x] = key * dec;
+            sh_qd[x] = sh_q[x] * dec;
+        }
+    }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -539,30 +622,23 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
         if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
-        const float dec = expf(sh_G[(n + j) * K + e]);
-        sh_qd[x] = sh_q[x] * dec;
-        sh_kd[x] = sh_key[(n + j) * K + e] * dec;
-    }
-    __syncthreads();
     if (!flush) {
         if (blockIdx.x == 0) {
             for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];
             if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
         }
     }
+    __syncthreads();
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
                 const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-                const float w = sh_beta[j] * (r0 - pk);
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
                 float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
                 if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
                 if (lane == n + j) wv[r] = w;
@@ -577,18 +653,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             const int m = x / K, e = x % K;
             sh_key[x] *= expf(sh_G[(n + t - 1) * K + e] - sh_G[(m) * K + e]);
         }
+        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n + t - 1) * K + e]);
         __syncthreads();
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            const float a = (e < K) ? sh_ed[e] : 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[(n + t - 1) * K + e]); }
-            for (int m = 0; m < n + t; ++m) {
+            for (int r = 0; r < RPW; ++r) s[r][i] *= a;
+        }
+        for (int m = 0; m < n + t; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
         #pragma unroll
@@ -677,28 +759,26 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
+    __shared__ float sh_ed[K];
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -708,18 +788,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
             const int m = x / K, e = x % K;
             sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
         }
+        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n - 1) * K + e]);
         __syncthreads();
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            const float a = (e < K) ? sh_ed[e] : 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[(n - 1) * K + e]); }
-            for (int m = 0; m < n; ++m) {
+            for (int r = 0; r < RPW; ++r) s[r][i] *= a;
+        }
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }
@@ -776,12 +862,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
-    int n = fill[slot];
-    const bool flush = n + t > CAPACITY;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
@@ -791,6 +874,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
+    __shared__ float sh_ed[K];
+    __shared__ float sh_value[TMAX * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    int n = fill[slot];
+    const bool flush = n + t > CAPACITY;
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
     }
@@ -803,14 +891,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-    }
-    if (!flush) {
-        for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-        for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-        for (int x = tid; x < n * BV; x += THREADS) {
-            const int i = x / BV, rr = x % BV;
-            sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -865,13 +945,35 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_G[(n + j) * K + e] = g7[i]; }
+            if (e < K) { sh_kd[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_qd[j * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+        }
+    }
+    if (!flush) {
+        stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    }
     __syncthreads();
-    for (int e = tid; e < K; e += THREADS) { float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
-        for (int j = 0; j < t; ++j) { acc += sh_G[(n + j) * K + e]; sh_G[(n + j) * K + e] = acc; } }
+    for (int e = tid; e < K; e += THREADS) {
+        float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
+        for (int j = 0; j < t; ++j) {
+            const int x = j * K + e;
+            acc += sh_qd[x];  // the raw log-decay until this line
+            sh_G[(n + j) * K + e] = acc;
+            const float dec = expf(acc), key = sh_kd[x];
+            sh_key[(n + j) * K + e] = key;
+            sh_kd[x] = key * dec;
+            sh_qd[x] = sh_q[x] * dec;
+        }
+    }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -890,28 +992,21 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
         if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
-        const float dec = expf(sh_G[(n + j) * K + e]);
-        sh_qd[x] = sh_q[x] * dec;
-        sh_kd[x] = sh_key[(n + j) * K + e] * dec;
-    }
-    __syncthreads();
     if (blockIdx.x == 0) {
         for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
+    __syncthreads();
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
                 const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-                const float w = sh_beta[j] * (r0 - pk);
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
                 float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
                 if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
                 if (lane == n + j) wv[r] = w;
@@ -997,26 +1092,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
+    __shared__ float sh_ed[K];
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -1026,18 +1119,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
             const int m = x / K, e = x % K;
             sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
         }
+        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n - 1) * K + e]);
         __syncthreads();
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            const float a = (e < K) ? sh_ed[e] : 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[(n - 1) * K + e]); }
-            for (int m = 0; m < n; ++m) {
+            for (int r = 0; r < RPW; ++r) s[r][i] *= a;
+        }
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }
@@ -1082,10 +1181,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1172,26 +1271,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
+    __shared__ float sh_ed[K];
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n * K; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY * K + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -1201,18 +1298,24 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
             const int m = x / K, e = x % K;
             sh_key[x] *= expf(sh_G[(n - 1) * K + e] - sh_G[(m) * K + e]);
         }
+        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n - 1) * K + e]);
         __syncthreads();
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            const float a = (e < K) ? sh_ed[e] : 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= expf(sh_G[(n - 1) * K + e]); }
-            for (int m = 0; m < n; ++m) {
+            for (int r = 0; r < RPW; ++r) s[r][i] *= a;
+        }
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }

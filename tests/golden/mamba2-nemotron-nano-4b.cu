@@ -42,8 +42,9 @@ typedef float STATE_T;
 //
 // Layer: lowering (CUDA side). The generated source defines STATE_T (float, or unsigned short holding
 // fp16/bf16 bits), VEC (elements per lane access: 4 → 16-byte loads of float state), KCH (chunks of
-// 32·VEC elements along K per lane) and K before including this text. A lane of a warp owns the K
-// elements e = (c·32 + lane)·VEC + u, c < KCH, u < VEC: one coalesced 16-byte access per chunk.
+// 32·VEC elements along K per lane), K, V, BV (rows per CTA), NREC (records) and THREADS before
+// including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
+// u < VEC: one coalesced 16-byte access per chunk.
 
 #define KE (KCH * VEC)  // K elements a lane holds
 
@@ -120,6 +121,58 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
     return acc;
 }
 
+// Copy ``count`` floats (count <= MAXN; a multiple of 4 when WIDE) from global to shared memory, all
+// loads issued before the first store: the copy costs one memory latency, not one per loop trip.
+template <int MAXN, bool WIDE>
+__device__ __forceinline__ void stage_floats(float* __restrict__ dst, const float* __restrict__ src, int count,
+                                             int tid) {
+    if constexpr (WIDE) {
+        constexpr int PER = (MAXN / 4 + THREADS - 1) / THREADS;
+        float4 v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) v[p] = *reinterpret_cast<const float4*>(src + x);
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = (p * THREADS + tid) * 4;
+            if (x < count) *reinterpret_cast<float4*>(dst + x) = v[p];
+        }
+    } else {
+        constexpr int PER = (MAXN + THREADS - 1) / THREADS;
+        float v[PER];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) v[p] = src[x];
+        }
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int x = p * THREADS + tid;
+            if (x < count) dst[x] = v[p];
+        }
+    }
+}
+
+// The buffer's write records of rows [v0, v0 + BV) into shared memory, record i at sh_w[i·(BV+1) + rr]
+// (padded against bank conflicts; zero past the fill and past V). Loads first, then stores.
+__device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
+                                             int v0, int tid) {
+    constexpr int PER = (NREC * BV + THREADS - 1) / THREADS;
+    float v[PER];
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        v[p] = (i < n && v0 + rr < V) ? head_writes[(size_t)i * V + v0 + rr] : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
+        if (x < NREC * BV) sh_w[i * (BV + 1) + rr] = v[p];
+    }
+}
+
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float logsigmoid_f(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
@@ -164,15 +217,18 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    const int n = 0;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[1 * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
     __shared__ float sh_g[1];
+    __shared__ float sh_value[1 * BV];
+    __shared__ float sh_skip[1 * BV];
+    __shared__ float sh_gate[1 * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    const int n = 0;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -201,29 +257,37 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
+            if (e < K) { sh_key[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
         }
-        if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
+        if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s3; }
+    }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            const float r1 = par_D[(size_t)hv];
+            const float r2 = (r1 * r0);
+            const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+            sh_skip[x] = r2;
+            sh_gate[x] = silu_f(r3);
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float r1 = par_D[(size_t)hv];
-                const float r2 = (r1 * r0);
-                const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float a = expf(sh_g[j]);
+                const float a = sh_g[j];
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) s[r][i] *= a;
-                const float w = sh_beta[j] * r0;
+                const float w = sh_beta[j] * sh_value[j * BV + rr];
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
                 float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                o += r2;
-                o *= silu_f(r3);
+                o += sh_skip[j * BV + rr];
+                o *= sh_gate[j * BV + rr];
                 if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
             }
         }
@@ -273,15 +337,18 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
-    const int n = 0;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[TMAX * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ float sh_g[TMAX];
+    __shared__ float sh_value[TMAX * BV];
+    __shared__ float sh_skip[TMAX * BV];
+    __shared__ float sh_gate[TMAX * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    const int n = 0;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -310,29 +377,37 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
+            if (e < K) { sh_key[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
         }
-        if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
+        if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s3; }
+    }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            const float r1 = par_D[(size_t)hv];
+            const float r2 = (r1 * r0);
+            const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+            sh_skip[x] = r2;
+            sh_gate[x] = silu_f(r3);
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float r1 = par_D[(size_t)hv];
-                const float r2 = (r1 * r0);
-                const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float a = expf(sh_g[j]);
+                const float a = sh_g[j];
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) s[r][i] *= a;
-                const float w = sh_beta[j] * r0;
+                const float w = sh_beta[j] * sh_value[j * BV + rr];
                 #pragma unroll
                 for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
                 float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                o += r2;
-                o *= silu_f(r3);
+                o += sh_skip[j * BV + rr];
+                o *= sh_gate[j * BV + rr];
                 if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
                 store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
             }
@@ -387,33 +462,31 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    int n = fill[slot];
-    const bool flush = n + 1 >= WINDOW;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[1 * K];
+    __shared__ __align__(16) float sh_kd[1 * K];
     __shared__ float sh_sq[1 * NREC];
     __shared__ float sh_sk[1 * NREC];
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[1];
+    __shared__ float sh_value[1 * BV];
+    __shared__ float sh_skip[1 * BV];
+    __shared__ float sh_gate[1 * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    int n = fill[slot];
+    const bool flush = n + 1 >= WINDOW;
     int page = src;
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-    }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -437,12 +510,37 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
+            if (e < K) { sh_kd[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
         }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            const float r1 = par_D[(size_t)hv];
+            const float r2 = (r1 * r0);
+            const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+            sh_skip[x] = r2;
+            sh_gate[x] = silu_f(r3);
+        }
+    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
-    if (tid == 0) { float acc = n ? sh_G[n - 1] : 0.f; for (int j = 0; j < t; ++j) { acc += sh_g[j]; sh_G[n + j] = acc; } }
+    for (int x = tid; x < t * K; x += THREADS) {
+        const int j = x / K, e = x % K;
+        float acc = n ? sh_G[n - 1] : 0.f;
+        for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];
+        if (e == 0) sh_G[n + j] = acc;
+        const float dec = expf(acc);
+        const float key = sh_kd[x];
+        sh_key[(n + j) * K + e] = key;
+        sh_kd[x] = key * dec;
+        sh_qd[x] = sh_q[x] * dec;
+    }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -461,35 +559,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
         if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
-        const float dec = expf(sh_G[n + j]);
-        sh_qd[x] = sh_q[x] * dec;
-        (void)e;
-    }
-    __syncthreads();
     if (!flush) {
         if (blockIdx.x == 0) {
             for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
             if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
         }
     }
+    __syncthreads();
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float r1 = par_D[(size_t)hv];
-                const float r2 = (r1 * r0);
-                const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float w = sh_beta[j] * r0;
+                const float w = sh_beta[j] * sh_value[j * BV + rr];
                 float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                o += r2;
-                o *= silu_f(r3);
+                o += sh_skip[j * BV + rr];
+                o *= sh_gate[j * BV + rr];
                 if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
                 if (lane == n + j) wv[r] = w;
                 if (!flush) {
@@ -504,18 +592,20 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             sh_key[x] *= expf(sh_G[n + t - 1] - sh_G[m]);
         }
         __syncthreads();
+        const float a = expf(sh_G[n + t - 1]);
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const float a = expf(sh_G[n + t - 1]);
+        for (int r = 0; r < RPW; ++r)
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            for (int m = 0; m < n + t; ++m) {
+        for (int m = 0; m < n + t; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
         #pragma unroll
@@ -606,12 +696,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
@@ -622,12 +712,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -638,18 +725,20 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
+        const float a = expf(sh_G[n - 1]);
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const float a = expf(sh_G[n - 1]);
+        for (int r = 0; r < RPW; ++r)
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            for (int m = 0; m < n; ++m) {
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }
@@ -707,21 +796,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
-    int n = fill[slot];
-    const bool flush = n + t > CAPACITY;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_qd[TMAX * K];
+    __shared__ __align__(16) float sh_kd[TMAX * K];
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[TMAX];
+    __shared__ float sh_value[TMAX * BV];
+    __shared__ float sh_skip[TMAX * BV];
+    __shared__ float sh_gate[TMAX * BV];
+    if (slot < 0) return;  // null slot: a padded row touches nothing
+    int n = fill[slot];
+    const bool flush = n + t > CAPACITY;
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
     }
@@ -734,14 +827,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-    }
-    if (!flush) {
-        for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-        for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-        for (int x = tid; x < n * BV; x += THREADS) {
-            const int i = x / BV, rr = x % BV;
-            sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -765,12 +850,39 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[(n + j) * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
+            if (e < K) { sh_kd[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
         }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
+    for (int x = tid; x < t * BV; x += THREADS) {
+        const int j = x / BV, row = v0 + x % BV;
+        if (row < V) {
+            const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            const float r1 = par_D[(size_t)hv];
+            const float r2 = (r1 * r0);
+            const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
+            sh_value[x] = r0;
+            sh_skip[x] = r2;
+            sh_gate[x] = silu_f(r3);
+        }
+    }
+    if (!flush) {
+        stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    }
     __syncthreads();
-    if (tid == 0) { float acc = n ? sh_G[n - 1] : 0.f; for (int j = 0; j < t; ++j) { acc += sh_g[j]; sh_G[n + j] = acc; } }
+    for (int x = tid; x < t * K; x += THREADS) {
+        const int j = x / K, e = x % K;
+        float acc = n ? sh_G[n - 1] : 0.f;
+        for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];
+        if (e == 0) sh_G[n + j] = acc;
+        const float dec = expf(acc);
+        const float key = sh_kd[x];
+        sh_key[(n + j) * K + e] = key;
+        sh_kd[x] = key * dec;
+        sh_qd[x] = sh_q[x] * dec;
+    }
     __syncthreads();
     for (int p = warp; p < t * NREC; p += WARPS) {
         const int j = p / NREC, i = p % NREC;
@@ -789,33 +901,23 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
         if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
-        const float dec = expf(sh_G[n + j]);
-        sh_qd[x] = sh_q[x] * dec;
-        (void)e;
-    }
-    __syncthreads();
     if (blockIdx.x == 0) {
         for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
+    __syncthreads();
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     for (int j = 0; j < t; ++j) {
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
-            const int row = v0 + warp * RPW + r;
+            const int rr = warp * RPW + r, row = v0 + rr;
             if (row < V) {
-                const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float r1 = par_D[(size_t)hv];
-                const float r2 = (r1 * r0);
-                const float r3 = tok_z[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-                const float w = sh_beta[j] * r0;
+                const float w = sh_beta[j] * sh_value[j * BV + rr];
                 float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                o += r2;
-                o *= silu_f(r3);
+                o += sh_skip[j * BV + rr];
+                o *= sh_gate[j * BV + rr];
                 if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
                 if (lane == n + j) wv[r] = w;
                 if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
@@ -902,11 +1004,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
@@ -916,12 +1018,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -932,18 +1031,20 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
+        const float a = expf(sh_G[n - 1]);
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const float a = expf(sh_G[n - 1]);
+        for (int r = 0; r < RPW; ++r)
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            for (int m = 0; m < n; ++m) {
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }
@@ -989,10 +1090,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1081,11 +1182,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const int v0 = blockIdx.x * BV;
     const int slot = slots[b];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
+    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
+    if (slot < 0) return;  // null slot: a padded row touches nothing
     int n = fill[slot];
-    (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
@@ -1095,12 +1196,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
     }
-    for (int x = tid; x < n * K; x += THREADS) sh_key[x] = rec_key[((size_t)slot * KEY_HEADS + hk) * CAPACITY * K + x];
-    for (int x = tid; x < n; x += THREADS) sh_G[x] = rec_decay[((size_t)slot * HV + hv) * CAPACITY + x];
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        sh_w[i * (BV + 1) + rr] = (v0 + rr < V) ? rec_write[(((size_t)slot * HV + hv) * CAPACITY + i) * V + v0 + rr] : 0.f;
-    }
+    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -1111,18 +1209,20 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
+        const float a = expf(sh_G[n - 1]);
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const float a = expf(sh_G[n - 1]);
+        for (int r = 0; r < RPW; ++r)
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            for (int m = 0; m < n; ++m) {
+        for (int m = 0; m < n; ++m) {
+            float kf[KE];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+            #pragma unroll
+            for (int r = 0; r < RPW; ++r) {
                 const float wm = __shfl_sync(0xffffffffu, wv[r], m);
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) {
-                    const int e = k_index(i, lane);
-                    if (e < K) s[r][i] += wm * sh_key[m * K + e];
-                }
+                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
             }
         }
     }
