@@ -25,8 +25,15 @@ import itertools
 import numpy as np
 import torch
 
+from replayssm_dsl.errors import InputError
+
 _CACHES: dict = {}
 _KEYS = itertools.count()
+_OWNERS: dict = {}  # storage address of every cache's state tensor -> (key, buffer name)
+
+
+def _address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -54,6 +61,7 @@ class TorchReplayCache:
         self.names = [b.name for b in self.cache.program.buffers
                       if b.role in ("state", "record", "meta") and b.name in self.cache.buffers]
         self.state = [wrap(self.cache.buffers[name]) for name in self.names]  # shared memory, no copies
+        _OWNERS.update({_address(t): (self.key, name) for name, t in zip(self.names, self.state)})
         # The operators bind the cache to whatever state tensors they are given, so the tensors are
         # the truth: keep ``self.state`` (e.g. as module buffers) and pass it to every call.
         self.token_names = [s.name for s in decl.inputs if s.kind == "token"]
@@ -74,12 +82,29 @@ class TorchReplayCache:
 
 def _bind(c: TorchReplayCache, state: list) -> None:
     if len(state) != len(c.names):
-        raise ValueError(f"state: expected {len(c.names)} tensors ({c.names}), got {len(state)}")
+        raise InputError(f"state: expected {len(c.names)} tensors ({c.names}), got {len(state)}")
+    for i, (name, own, given) in enumerate(zip(c.names, c.state, state)):
+        owner = _OWNERS.get(_address(given))
+        if owner is not None and owner != (c.key, name):
+            raise InputError(f"state[{i}]: is {owner[1]!r} of replay cache {owner[0]!r}, but key {c.key!r} needs its "
+                             f"own {name!r} (pass each cache's .state with its .key)")
+        if given.shape != own.shape or given.dtype != own.dtype or given.device.type != own.device.type:
+            raise InputError(f"state[{i}] ({name}): expected {list(own.shape)} {own.dtype} on {own.device.type}, got "
+                             f"{list(given.shape)} {given.dtype} on {given.device.type}")
     if c.device.type == "cuda":
         import cupy as cp
         c.cache.buffers.update({n: cp.from_dlpack(t.detach()) for n, t in zip(c.names, state)})
     else:
         c.cache.buffers.update({n: _numpy(t) for n, t in zip(c.names, state)})
+
+
+def _check_index(c: TorchReplayCache, **tensors) -> None:
+    """Batch index tensors: 1-D integers on the cache's device (their values are checked by the CPU cache;
+    on the GPU they go to the kernels unchecked, see ``CudaReplayCache.launch_step``)."""
+    for name, t in tensors.items():
+        if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.device.type != c.device.type:
+            raise InputError(f"{name}: expected a 1-D integer tensor on {c.device.type}, got {list(t.shape)} "
+                             f"{t.dtype} on {t.device.type}")
 
 
 @contextlib.contextmanager
@@ -107,6 +132,7 @@ def _named(c: TorchReplayCache, tokens) -> dict:
 def step(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor, dst_page: torch.Tensor,
          tokens: list[torch.Tensor]) -> torch.Tensor:
     with _cache(key, state) as c:
+        _check_index(c, slot=slot, src_page=src_page, dst_page=dst_page)
         rows = slot.shape[0]
         out = torch.empty((rows, 1, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
         if c.device.type == "cuda":
@@ -130,6 +156,7 @@ def _(key, state, slot, src_page, dst_page, tokens):
 def verify(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor, dst_page: torch.Tensor,
            drafts: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:
     with _cache(key, state) as c:
+        _check_index(c, slot=slot, src_page=src_page, dst_page=dst_page, drafts=drafts)
         rows, t = slot.shape[0], tokens[0].shape[1]
         out = torch.empty((rows, t, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
         if c.device.type == "cuda":
@@ -152,6 +179,7 @@ def _(key, state, slot, src_page, dst_page, drafts, tokens):
 def commit(key: str, state: list[torch.Tensor], slot: torch.Tensor, drafts: torch.Tensor,
            accepted: torch.Tensor) -> None:
     with _cache(key, state) as c:
+        _check_index(c, slot=slot, drafts=drafts, accepted=accepted)
         if c.device.type == "cuda":
             batch = c._host_or_device_batch(slot=slot, src_page=slot, dst_page=slot, drafts=drafts, accepted=accepted)
             c.cache.launch_commit(batch)
@@ -167,6 +195,12 @@ def _(key, state, slot, drafts, accepted):
 @torch.library.custom_op("replayssm::load", mutates_args=("state",))
 def load(key: str, state: list[torch.Tensor], slot: torch.Tensor, dst_page: torch.Tensor, states: torch.Tensor) -> None:
     with _cache(key, state) as c:
+        _check_index(c, slot=slot, dst_page=dst_page)
+        s = c.shape
+        want = (slot.shape[0], s.heads, s.v_dim, s.k_dim)
+        if states.dtype != torch.float32 or tuple(states.shape) != want or states.device.type != c.device.type:
+            raise InputError(f"states: expected {list(want)} ([B, HV, V, K]) torch.float32 on {c.device.type}, got "
+                             f"{list(states.shape)} {states.dtype} on {states.device.type}")
         value = states.contiguous() if c.device.type == "cuda" else _numpy(states)
         c.cache.load(slot.cpu().numpy(), value, dst_pages=dst_page.cpu().numpy())
 
@@ -179,6 +213,7 @@ def _(key, state, slot, dst_page, states):
 @torch.library.custom_op("replayssm::materialize", mutates_args=())
 def materialize(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torch.Tensor) -> torch.Tensor:
     with _cache(key, state) as c:
+        _check_index(c, slot=slot, src_page=src_page)
         s = c.shape
         out = torch.empty((slot.shape[0], s.heads, s.v_dim, s.k_dim), dtype=torch.float32, device=slot.device)
         c.cache.materialize(slot.cpu().numpy(), src_pages=src_page.cpu().numpy(),

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants  # noqa: E402
+from replayssm_dsl.errors import InputError  # noqa: E402
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens  # noqa: E402
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache  # noqa: E402
 from replayssm_dsl.runtime.torch_ops import TorchReplayCache  # noqa: E402
@@ -109,3 +110,52 @@ def test_cuda_graph_of_a_torch_decode_step_replays_like_eager():
         graph.replay()
         want = torch.ops.replayssm.step(eager.key, eager.state, slot, slot, slot, eager.tokens(new))
         torch.testing.assert_close(out, want)
+
+
+def test_state_of_another_cache_is_refused_naming_it():
+    """The operators bind a cache to the state tensors they are given: another cache's tensors (all of
+    them, or one mixed in), or tensors of the wrong shape, raise naming the argument and change nothing."""
+    a, _, rng = _pair(seed=7)
+    b, _, _ = _pair(seed=8)
+    slot = torch.tensor([0, 1], dtype=torch.int32)
+    toks = a.tokens(_t(random_tokens(DECL, SHAPE, rng, (2,))))
+    before = [t.clone() for t in b.state]
+    with pytest.raises(InputError, match=r"state\[0\]: is 'checkpoint' of replay cache '%s'" % b.key):
+        torch.ops.replayssm.step(a.key, b.state, slot, slot, slot, toks)
+    mixed = list(a.state)
+    mixed[2] = b.state[2]
+    with pytest.raises(InputError, match=r"state\[2\]: is '%s' of replay cache '%s', but key '%s'"
+                       % (b.names[2], b.key, a.key)):
+        torch.ops.replayssm.materialize(a.key, mixed, slot, slot)
+    swapped = [a.state[1], a.state[0]] + list(a.state[2:])
+    with pytest.raises(InputError, match=r"state\[0\]: is '%s' of replay cache '%s'" % (a.names[1], a.key)):
+        torch.ops.replayssm.step(a.key, swapped, slot, slot, slot, toks)
+    wrong = [torch.zeros(2, 3)] + list(a.state[1:])
+    with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): expected \[3, 4, 16, 32\] torch.float32"):
+        torch.ops.replayssm.step(a.key, wrong, slot, slot, slot, toks)
+    assert all(torch.equal(x, y) for x, y in zip(before, b.state))
+
+
+def test_slot_of_a_larger_cache_is_refused():
+    small, _, rng = _pair(seed=9, slots=3)
+    toks = small.tokens(_t(random_tokens(DECL, SHAPE, rng, (1,))))
+    slot = torch.tensor([5], dtype=torch.int32)  # a slot of a cache with more slots
+    with pytest.raises(InputError, match=r"slots\[0\] = 5 is out of range \[0, 3\)"):
+        torch.ops.replayssm.step(small.key, small.state, slot, slot, slot, toks)
+    with pytest.raises(InputError, match=r"slot: expected a 1-D integer tensor on cpu, got \[1\] torch.float32"):
+        torch.ops.replayssm.step(small.key, small.state, slot.float(), slot, slot, toks)
+
+
+@pytest.mark.parametrize("states, message", [
+    (torch.zeros(2, 4, 16, 32, dtype=torch.float64), r"got \[2, 4, 16, 32\] torch.float64"),
+    (torch.zeros(2, 4, 32, 16), r"got \[2, 4, 32, 16\] torch.float32"),  # FLA's [.., K, V], not [.., V, K]
+    (torch.zeros(3, 4, 16, 32), r"got \[3, 4, 16, 32\] torch.float32"),
+])
+def test_load_refuses_a_state_of_the_wrong_shape_or_dtype(states, message):
+    tc, _, _ = _pair(seed=10)
+    idx = torch.arange(2, dtype=torch.int32)
+    before = tc.state[0].clone()
+    with pytest.raises(InputError, match=r"states: expected \[2, 4, 16, 32\] \(\[B, HV, V, K\]\) torch.float32 on "
+                                         r"cpu, " + message):
+        torch.ops.replayssm.load(tc.key, tc.state, idx, idx, states)
+    assert torch.equal(before, tc.state[0])
