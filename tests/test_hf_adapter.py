@@ -1,7 +1,8 @@
 """Hugging Face models (small random configs, several layers, grouped heads, a batch of different
 prompts) generate the same greedy tokens with their decode recurrence routed through the replay
 cache as through their own path, with logits within 1e-4 at every step: Mamba-2, Qwen3-Next (GDN)
-and Kimi Linear (KDA)."""
+and Kimi Linear (KDA); the same tokens again with speculative rounds (verify, commit, conv-state
+rollback); wrong use raises naming the argument."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from replayssm_dsl.runtime.hf_adapter import replay_decoding  # noqa: E402
+from replayssm_dsl.runtime.hf_adapter import (  # noqa: E402
+    NgramDrafter, PerturbedDrafter, replay_decoding, speculative_generate)
 
 
 def mamba2_model():
@@ -45,6 +47,16 @@ def kimi_linear_model():
 MODELS = {"mamba2": mamba2_model, "qwen3_next": qwen3_next_model, "kimi_linear": kimi_linear_model}
 
 
+def prompts():
+    return torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(1))
+
+
+def suppressed(model) -> list:
+    """The tokens ``generate(min_new_tokens=N)`` never picks in the first N tokens (end of sequence)."""
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
 def _generate(model, prompts, new_tokens):
     with torch.no_grad():
         out = model.generate(prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
@@ -55,10 +67,9 @@ def _generate(model, prompts, new_tokens):
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_greedy_generation_is_identical_through_the_replay_cache(family):
     model, recurrent_layers = MODELS[family]()
-    prompts = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(1))
-    want_tokens, want_logits = _generate(model, prompts, 128)
+    want_tokens, want_logits = _generate(model, prompts(), 128)
     with replay_decoding(model, window=16) as layers:
-        got_tokens, got_logits = _generate(model, prompts, 128)
+        got_tokens, got_logits = _generate(model, prompts(), 128)
     assert len(layers.caches) == recurrent_layers, "every recurrent layer decoded through a replay cache"
     assert torch.equal(got_tokens, want_tokens)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
@@ -69,4 +80,78 @@ def test_unsupported_model_is_refused():
                                       num_attention_heads=2, num_key_value_heads=2)
     with pytest.raises(ValueError, match="LlamaForCausalLM is not supported"):
         with replay_decoding(transformers.LlamaForCausalLM(config)):
+            pass
+
+
+@pytest.mark.parametrize("family", ["mamba2", "qwen3_next"])
+def test_a_second_generate_in_the_block_loads_its_own_prefill(family):
+    """A new prefill drops the replay caches: the next decode step loads the new prompts' states."""
+    model, _ = MODELS[family]()
+    other = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(5))
+    want = [_generate(model, p, 24)[0] for p in (prompts(), other)]
+    with replay_decoding(model):
+        got = [_generate(model, p, 24)[0] for p in (prompts(), other)]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_speculative_generation_gives_the_greedy_tokens(family):
+    """128 new tokens per row in rounds of 4 verified tokens (replay verify, then commit of each row's
+    accepted prefix and rollback of the conv states; masked KV entries on the attention layers). Drafts
+    are the model's own greedy tokens with 30% replaced, so every acceptance count occurs: the tokens
+    are the non-speculative greedy tokens, the logits within 1e-4."""
+    model, recurrent_layers = MODELS[family]()
+    want_tokens, want_logits = _generate(model, prompts(), 128)
+    drafter = PerturbedDrafter(want_tokens, wrong=0.3, seed=2, vocab_size=96)
+    got = speculative_generate(model, prompts(), drafter, 128, drafts=4, suppress_tokens=suppressed(model))
+    assert got.recurrent_layers == recurrent_layers
+    assert torch.equal(got.sequences, want_tokens)
+    torch.testing.assert_close(got.logits, want_logits, rtol=1e-4, atol=1e-4)
+    kept = got.kept  # [rounds, rows]: tokens each row kept per round
+    assert got.rounds == kept.shape[0] < 64, "speculation saved forwards"
+    assert set(kept.unique().tolist()) == {1, 2, 3, 4}, "every draft rejected, some, and none"
+    assert (kept != kept[:, :1]).any(), "rows accepted different counts in one round"
+    assert got.accepted == int((kept - 1).sum()) and got.drafted == 3 * 3 * got.rounds
+    assert 0.3 < got.accept_rate < 0.7
+    assert (kept.sum(0) > 16 + 8).all(), "more tokens than the buffer's capacity: verify folded"
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_speculative_generation_with_ngram_drafts(family):
+    """A drafter that knows nothing of the model (prompt lookup): same greedy tokens."""
+    model, _ = MODELS[family]()
+    want_tokens, want_logits = _generate(model, prompts(), 64)
+    got = speculative_generate(model, prompts(), NgramDrafter(3), 64, drafts=4, suppress_tokens=suppressed(model))
+    assert torch.equal(got.sequences, want_tokens)
+    torch.testing.assert_close(got.logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert got.drafted == 9 * got.rounds and got.accepted == int((got.kept - 1).sum())
+
+
+def test_speculative_generation_refuses_wrong_use():
+    model, _ = MODELS["mamba2"]()
+    ids = prompts()
+    with pytest.raises(ValueError, match="drafts: tokens verified per round must be an int in 2..max_drafts=8"):
+        speculative_generate(model, ids, NgramDrafter(), 8, drafts=1)
+    with pytest.raises(ValueError, match="drafts: .* got 9"):
+        speculative_generate(model, ids, NgramDrafter(), 8, drafts=9)
+    with pytest.raises(ValueError, match=r"drafter: returned \[3, 2\] torch.int64, expected \[3, 3\] token ids"):
+        speculative_generate(model, ids, lambda history, k: torch.zeros(3, 2, dtype=torch.long), 8)
+    with pytest.raises(ValueError, match=r"drafter: proposed a token id outside \[0, 96\)"):
+        speculative_generate(model, ids, lambda history, k: torch.full((3, k), 96), 8)
+    with pytest.raises(ValueError, match="model: speculative_generate needs a ...ForCausalLM"):
+        speculative_generate(model.backbone, ids, NgramDrafter(), 8)
+    with pytest.raises(ValueError, match=r"input_ids: expected \[B, P\] integer token ids"):
+        speculative_generate(model, ids.float(), NgramDrafter(), 8)
+    with replay_decoding(model):
+        with pytest.raises(RuntimeError, match="already runs through a replay cache"):
+            speculative_generate(model, ids, NgramDrafter(), 8)
+
+
+def test_a_missing_function_of_the_model_module_is_named(monkeypatch):
+    from transformers.models.qwen3_next import modeling_qwen3_next
+    model, _ = MODELS["qwen3_next"]()
+    monkeypatch.delattr(modeling_qwen3_next, "torch_chunk_gated_delta_rule")
+    with pytest.raises(RuntimeError, match=r"modeling_qwen3_next.torch_chunk_gated_delta_rule not found in "
+                                           r"transformers 5\."):
+        with replay_decoding(model):
             pass
