@@ -146,8 +146,10 @@ def _stage_row_fields(decl) -> list[str]:
     r = ExprRenderer(decl, "r")
     names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
     stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
+    zeros = [f"sh_{role}[x] = 0.f;" for role in names]
     return (["for (int x = tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
-             "    if (row < V) {"] + ["        " + line for line in r.lines + stores] + ["    }", "}"])
+             "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
+            + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
 
 
 def _row_field(decl, role: str) -> str | None:
@@ -186,13 +188,18 @@ def _decay_between(decl, a: str, b: str, e: str = "e") -> str:
 
 
 def _row_loads(state_expr: str) -> list[str]:
-    """Issue every state-row load of the warp first: they fly while the head-level work runs."""
+    """Issue every state-row load of the warp first: they fly while the head-level work runs. Rows past
+    V (a partial last tile) hold zeros, so the row loop runs branch-free and only the stores check."""
     return [
         "float s[RPW][KE];",
         "#pragma unroll",
         "for (int r = 0; r < RPW; ++r) {",
         "    const int row = v0 + warp * RPW + r;",
         f"    if (row < V) load_row({state_expr}, s[r], lane);",
+        "    else {",
+        "        #pragma unroll",
+        "        for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored",
+        "    }",
         "}",
     ]
 
@@ -242,10 +249,11 @@ def _fold_rows(decl, last: str, count: str) -> list[str]:
 
 
 def _draft_row_loop(inner: list[str]) -> list[str]:
-    """Drafts outside (sequential), the warp's rows inside (unrolled: independent reductions)."""
+    """Drafts outside (sequential), the warp's rows inside: unrolled and branch-free, so the rows'
+    shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``)."""
     return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
-             "        const int rr = warp * RPW + r, row = v0 + rr;", "        if (row < V) {"]
-            + ["            " + x for x in inner] + ["        }", "    }", "}"])
+             "        const int rr = warp * RPW + r, row = v0 + rr;"]
+            + ["        " + x for x in inner] + ["    }", "}"])
 
 
 def _store_rows(target: str) -> list[str]:
@@ -304,6 +312,26 @@ def _cumulate(decl) -> list[str]:
                "    sh_kd[x] = key * dec;", "    sh_qd[x] = sh_q[x] * dec;", "}"])
 
 
+def _scores(decl) -> list[str]:
+    """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j and sk[j][i] = (…)·k_{n+j} for every record i ≤ n + j:
+    a warp takes two records per trip so their four shuffle reductions interleave."""
+    def dots(i: str, suffix: str) -> list[str]:
+        dec = f" * {_decay_between(decl, 'n + j', i)}" if decl.decay_form == "vector" else ""
+        return ["#pragma unroll", "for (int c = 0; c < KE; ++c) {", "    const int e = k_index(c, lane);", "    if (e < K) {",
+                f"        const float kd = sh_key[{i} * K + e]{dec};",
+                f"        aq{suffix} += kd * sh_q[j * K + e];", f"        ak{suffix} += kd * sh_key[(n + j) * K + e];",
+                "    }", "}"]
+    scale = (lambda i: _decay_between(decl, "n + j", i)) if decl.decay_form == "scalar" else (lambda i: "1.f")
+    body = (["const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once",
+             "float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;"] + dots("i0", "0") + dots("i1", "1")
+            + [f"aq0 = warp_sum(aq0) * {scale('i0')}; ak0 = warp_sum(ak0) * {scale('i0')};",
+               f"aq1 = warp_sum(aq1) * {scale('i1')}; ak1 = warp_sum(ak1) * {scale('i1')};",
+               "if (lane == 0) {", "    sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;",
+               "    sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;", "}"])
+    return (["for (int j = 0; j < t; ++j) {", "    for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {"]
+            + ["        " + line for line in body] + ["    }", "}"])
+
+
 def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
     body = _ids(f) + _shared_decls(decl, f.drafts, replay=True) + _fill_lines(f)
@@ -316,26 +344,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     body.append("__syncthreads();")
     body += _cumulate(decl)
     body.append("__syncthreads();")
-    # scores: (k_i ⊙ e^{G_{n+j} − G_i}) · q_j and · k_j for every record i ≤ n + j
-    body += [
-        "for (int p = warp; p < t * NREC; p += WARPS) {",
-        "    const int j = p / NREC, i = p % NREC;",
-        "    if (i > n + j) continue;",
-        "    float aq = 0.f, ak = 0.f;",
-        "    #pragma unroll",
-        "    for (int c = 0; c < KE; ++c) {",
-        "        const int e = k_index(c, lane);",
-        "        if (e < K) {",
-        "            const float kd = sh_key[i * K + e]" + (f" * {_decay_between(decl, 'n + j', 'i')}" if decl.decay_form == "vector" else "") + ";",
-        "            aq += kd * sh_q[j * K + e];",
-        "            ak += kd * sh_key[(n + j) * K + e];",
-        "        }",
-        "    }",
-        f"    const float scale = {_decay_between(decl, 'n + j', 'i') if decl.decay_form == 'scalar' else '1.f'};",
-        "    aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;",
-        "    if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }",
-        "}",
-    ]
+    body += _scores(decl)
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:
@@ -361,12 +370,12 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
         " + w * sh_sq[j * NREC + n + j];",
     ] + _epilogue(decl) + [
-        "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
-        else "if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
+        "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
+        else "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
         "if (lane == n + j) wv[r] = w;",
     ]
     if append_guard is not None:
-        inner += _guarded(append_guard, ["if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
+        inner += _guarded(append_guard, ["if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
     body += _draft_row_loop(inner)
     if "fold_tokens" in f.stmts:
         fold = (_fold_keys(decl, "n + t - 1", "n + t") + _fold_rows(decl, "n + t - 1", "n + t")
@@ -395,10 +404,10 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
         "float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));",
     ] + _epilogue(decl) + [
-        "if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
+        "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
     ]
     if snapshots:
-        inner.append("store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);")
+        inner.append("if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);")
     body += _draft_row_loop(inner)
     if not snapshots:
         body += _store_rows(STATE_ROW.format(page="dst"))
