@@ -228,6 +228,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -291,6 +295,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
             sh_value[x] = r0;
+        } else {
+            sh_value[x] = 0.f;
         }
     }
     __syncthreads();
@@ -298,16 +304,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
-                const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-                float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-            }
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
+            const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
+            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
         }
     }
     #pragma unroll
@@ -369,6 +373,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -432,6 +440,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
             sh_value[x] = r0;
+        } else {
+            sh_value[x] = 0.f;
         }
     }
     __syncthreads();
@@ -439,17 +449,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
-                const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-                float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
-            }
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
+            const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
+            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
         }
     }
 }
@@ -523,6 +531,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -586,6 +598,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
             sh_value[x] = r0;
+        } else {
+            sh_value[x] = 0.f;
         }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -605,22 +619,35 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     __syncthreads();
-    for (int p = warp; p < t * NREC; p += WARPS) {
-        const int j = p / NREC, i = p % NREC;
-        if (i > n + j) continue;
-        float aq = 0.f, ak = 0.f;
-        #pragma unroll
-        for (int c = 0; c < KE; ++c) {
-            const int e = k_index(c, lane);
-            if (e < K) {
-                const float kd = sh_key[i * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i) * K + e]);
-                aq += kd * sh_q[j * K + e];
-                ak += kd * sh_key[(n + j) * K + e];
+    for (int j = 0; j < t; ++j) {
+        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
+            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
+            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i0 * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i0) * K + e]);
+                    aq0 += kd * sh_q[j * K + e];
+                    ak0 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i1 * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i1) * K + e]);
+                    aq1 += kd * sh_q[j * K + e];
+                    ak1 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            aq0 = warp_sum(aq0) * 1.f; ak0 = warp_sum(ak0) * 1.f;
+            aq1 = warp_sum(aq1) * 1.f; ak1 = warp_sum(ak1) * 1.f;
+            if (lane == 0) {
+                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
+                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
             }
         }
-        const float scale = 1.f;
-        aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
-        if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
     if (!flush) {
         if (blockIdx.x == 0) {
@@ -636,15 +663,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;
-                if (!flush) {
-                    if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-                }
+            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+            if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
+            if (lane == n + j) wv[r] = w;
+            if (!flush) {
+                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
             }
         }
     }
@@ -775,6 +800,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
@@ -891,6 +920,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -954,6 +987,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
             sh_value[x] = r0;
+        } else {
+            sh_value[x] = 0.f;
         }
     }
     if (!flush) {
@@ -975,22 +1010,35 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     __syncthreads();
-    for (int p = warp; p < t * NREC; p += WARPS) {
-        const int j = p / NREC, i = p % NREC;
-        if (i > n + j) continue;
-        float aq = 0.f, ak = 0.f;
-        #pragma unroll
-        for (int c = 0; c < KE; ++c) {
-            const int e = k_index(c, lane);
-            if (e < K) {
-                const float kd = sh_key[i * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i) * K + e]);
-                aq += kd * sh_q[j * K + e];
-                ak += kd * sh_key[(n + j) * K + e];
+    for (int j = 0; j < t; ++j) {
+        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
+            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
+            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i0 * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i0) * K + e]);
+                    aq0 += kd * sh_q[j * K + e];
+                    ak0 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i1 * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(i1) * K + e]);
+                    aq1 += kd * sh_q[j * K + e];
+                    ak1 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            aq0 = warp_sum(aq0) * 1.f; ak0 = warp_sum(ak0) * 1.f;
+            aq1 = warp_sum(aq1) * 1.f; ak1 = warp_sum(ak1) * 1.f;
+            if (lane == 0) {
+                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
+                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
             }
         }
-        const float scale = 1.f;
-        aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
-        if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
     if (blockIdx.x == 0) {
         for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];
@@ -1004,14 +1052,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;
-                if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-            }
+            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            if (lane == n + j) wv[r] = w;
+            if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
         }
     }
 }
@@ -1106,6 +1152,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);
@@ -1285,6 +1335,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC * K, VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);

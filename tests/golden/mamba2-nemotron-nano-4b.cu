@@ -234,6 +234,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -271,6 +275,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             sh_value[x] = r0;
             sh_skip[x] = r2;
             sh_gate[x] = silu_f(r3);
+        } else {
+            sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
     __syncthreads();
@@ -278,18 +284,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float a = sh_g[j];
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) s[r][i] *= a;
-                const float w = sh_beta[j] * sh_value[j * BV + rr];
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-                float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                o += sh_skip[j * BV + rr];
-                o *= sh_gate[j * BV + rr];
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-            }
+            const float a = sh_g[j];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
+            const float w = sh_beta[j] * sh_value[j * BV + rr];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
+            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            o += sh_skip[j * BV + rr];
+            o *= sh_gate[j * BV + rr];
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
         }
     }
     #pragma unroll
@@ -354,6 +358,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(state + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -391,6 +399,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
             sh_value[x] = r0;
             sh_skip[x] = r2;
             sh_gate[x] = silu_f(r3);
+        } else {
+            sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
     __syncthreads();
@@ -398,19 +408,17 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float a = sh_g[j];
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) s[r][i] *= a;
-                const float w = sh_beta[j] * sh_value[j * BV + rr];
-                #pragma unroll
-                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-                float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
-                o += sh_skip[j * BV + rr];
-                o *= sh_gate[j * BV + rr];
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
-            }
+            const float a = sh_g[j];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] *= a;
+            const float w = sh_beta[j] * sh_value[j * BV + rr];
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
+            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            o += sh_skip[j * BV + rr];
+            o *= sh_gate[j * BV + rr];
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
         }
     }
 }
@@ -487,6 +495,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -524,6 +536,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             sh_value[x] = r0;
             sh_skip[x] = r2;
             sh_gate[x] = silu_f(r3);
+        } else {
+            sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -542,22 +556,35 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         sh_qd[x] = sh_q[x] * dec;
     }
     __syncthreads();
-    for (int p = warp; p < t * NREC; p += WARPS) {
-        const int j = p / NREC, i = p % NREC;
-        if (i > n + j) continue;
-        float aq = 0.f, ak = 0.f;
-        #pragma unroll
-        for (int c = 0; c < KE; ++c) {
-            const int e = k_index(c, lane);
-            if (e < K) {
-                const float kd = sh_key[i * K + e];
-                aq += kd * sh_q[j * K + e];
-                ak += kd * sh_key[(n + j) * K + e];
+    for (int j = 0; j < t; ++j) {
+        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
+            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
+            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i0 * K + e];
+                    aq0 += kd * sh_q[j * K + e];
+                    ak0 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i1 * K + e];
+                    aq1 += kd * sh_q[j * K + e];
+                    ak1 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            aq0 = warp_sum(aq0) * expf(sh_G[n + j] - sh_G[i0]); ak0 = warp_sum(ak0) * expf(sh_G[n + j] - sh_G[i0]);
+            aq1 = warp_sum(aq1) * expf(sh_G[n + j] - sh_G[i1]); ak1 = warp_sum(ak1) * expf(sh_G[n + j] - sh_G[i1]);
+            if (lane == 0) {
+                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
+                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
             }
         }
-        const float scale = expf(sh_G[n + j] - sh_G[i]);
-        aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
-        if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
     if (!flush) {
         if (blockIdx.x == 0) {
@@ -573,16 +600,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float w = sh_beta[j] * sh_value[j * BV + rr];
-                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                o += sh_skip[j * BV + rr];
-                o *= sh_gate[j * BV + rr];
-                if (lane == 0) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;
-                if (!flush) {
-                    if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-                }
+            const float w = sh_beta[j] * sh_value[j * BV + rr];
+            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+            o += sh_skip[j * BV + rr];
+            o *= sh_gate[j * BV + rr];
+            if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
+            if (lane == n + j) wv[r] = w;
+            if (!flush) {
+                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
             }
         }
     }
@@ -711,6 +736,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
@@ -827,6 +856,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
@@ -864,6 +897,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             sh_value[x] = r0;
             sh_skip[x] = r2;
             sh_gate[x] = silu_f(r3);
+        } else {
+            sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
     if (!flush) {
@@ -884,22 +919,35 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         sh_qd[x] = sh_q[x] * dec;
     }
     __syncthreads();
-    for (int p = warp; p < t * NREC; p += WARPS) {
-        const int j = p / NREC, i = p % NREC;
-        if (i > n + j) continue;
-        float aq = 0.f, ak = 0.f;
-        #pragma unroll
-        for (int c = 0; c < KE; ++c) {
-            const int e = k_index(c, lane);
-            if (e < K) {
-                const float kd = sh_key[i * K + e];
-                aq += kd * sh_q[j * K + e];
-                ak += kd * sh_key[(n + j) * K + e];
+    for (int j = 0; j < t; ++j) {
+        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
+            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
+            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i0 * K + e];
+                    aq0 += kd * sh_q[j * K + e];
+                    ak0 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            #pragma unroll
+            for (int c = 0; c < KE; ++c) {
+                const int e = k_index(c, lane);
+                if (e < K) {
+                    const float kd = sh_key[i1 * K + e];
+                    aq1 += kd * sh_q[j * K + e];
+                    ak1 += kd * sh_key[(n + j) * K + e];
+                }
+            }
+            aq0 = warp_sum(aq0) * expf(sh_G[n + j] - sh_G[i0]); ak0 = warp_sum(ak0) * expf(sh_G[n + j] - sh_G[i0]);
+            aq1 = warp_sum(aq1) * expf(sh_G[n + j] - sh_G[i1]); ak1 = warp_sum(ak1) * expf(sh_G[n + j] - sh_G[i1]);
+            if (lane == 0) {
+                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
+                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
             }
         }
-        const float scale = expf(sh_G[n + j] - sh_G[i]);
-        aq = warp_sum(aq) * scale; ak = warp_sum(ak) * scale;
-        if (lane == 0) { sh_sq[j * NREC + i] = aq; sh_sk[j * NREC + i] = ak; }
     }
     if (blockIdx.x == 0) {
         for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
@@ -913,15 +961,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
-            if (row < V) {
-                const float w = sh_beta[j] * sh_value[j * BV + rr];
-                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                o += sh_skip[j * BV + rr];
-                o *= sh_gate[j * BV + rr];
-                if (lane == 0) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;
-                if (lane == 0) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-            }
+            const float w = sh_beta[j] * sh_value[j * BV + rr];
+            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+            o += sh_skip[j * BV + rr];
+            o *= sh_gate[j * BV + rr];
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            if (lane == n + j) wv[r] = w;
+            if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
         }
     }
 }
@@ -1017,6 +1063,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
@@ -1195,6 +1245,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
         if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+        else {
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+        }
     }
     stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
