@@ -155,3 +155,17 @@ def test_a_missing_function_of_the_model_module_is_named(monkeypatch):
                                            r"transformers 5\."):
         with replay_decoding(model):
             pass
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_the_example_of_each_family_prints_the_agreement(family, monkeypatch, capsys):
+    import runpy
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "hf" / f"{family}.py"
+    monkeypatch.setattr(sys, "argv", [str(path), "--tokens", "16", "--device", "cpu"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    assert out.count("identical: True") == 3 and out.count("drafts accepted") == 2, out
