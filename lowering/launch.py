@@ -17,10 +17,12 @@ SMS_H200 = 132
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Threads of a tiled kernel: ``warps`` per CTA, ``rows_per_warp`` state rows per warp."""
+    """Threads of a tiled kernel: ``warps`` per CTA, ``rows_per_warp`` state rows per warp; ``max_registers``
+    per thread (128 or 64: the second lets twice the CTAs share an SM, if the kernels fit)."""
 
     warps: int = 4
     rows_per_warp: int = 4
+    max_registers: int = 128
 
     @property
     def threads(self) -> int:
@@ -28,8 +30,13 @@ class LaunchConfig:
 
     @property
     def min_blocks(self) -> int:
-        """CTAs per SM the register allocation must allow: caps registers at 128 per thread."""
-        return max(1, 512 // self.threads)
+        """CTAs per SM the register allocation must allow: caps registers at ``max_registers`` per thread."""
+        return max(1, 65536 // (self.max_registers * self.threads))
+
+    @property
+    def label(self) -> str:
+        """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128."""
+        return f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
 
     @property
     def rows_per_cta(self) -> int:

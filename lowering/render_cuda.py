@@ -166,14 +166,15 @@ def _epilogue(decl) -> list[str]:
 
 
 def _load_records(decl) -> list[str]:
-    """The buffer's keys (and decays) into shared memory, and the write records of the CTA's rows."""
+    """Start the asynchronous copies of the buffer's keys (and decays) and of the write records of the
+    CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them)."""
     khead = "hk" if decl.key_level == "group" else "hv"
     wide = "VEC == 4"
-    lines = [f"stage_floats<NREC * K, {wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, n * K, tid);"]
+    lines = [f"stage_floats<{wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, n * K, tid);"]
     if decl.decay_form == "scalar":
-        lines.append("stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);")
+        lines.append("stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);")
     elif decl.decay_form == "vector":
-        lines.append(f"stage_floats<NREC * K, {wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);")
+        lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);")
     lines.append("stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);")
     return lines
 
@@ -341,7 +342,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     body += _row_loads(CHECKPOINT_ROW.format(page="page"))
     body += _fields(decl, "replay") + _stage_row_fields(decl)
     body += _guarded(f.guards.get("load_records", ""), _load_records(decl))
-    body.append("__syncthreads();")
+    body += ["cp_async_wait();", "__syncthreads();"]
     body += _cumulate(decl)
     body.append("__syncthreads();")
     body += _scores(decl)
@@ -426,7 +427,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
     elif decl.decay_form == "vector":
         body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
     body += _row_loads(CHECKPOINT_ROW.format(page="src"))
-    body += _load_records(decl) + ["__syncthreads();"]
+    body += _load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
     body += _row_records()
     fold = _fold_keys(decl, "n - 1", "n") + _fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]

@@ -110,7 +110,8 @@ def manifest(program: Program, launch: LaunchConfig) -> dict:
         "declaration_hash": program.declaration.fingerprint,
         "sizes": dict(program.sizes),
         "state_dtype": cfg.state_dtype,
-        "launch": {"warps": launch.warps, "rows_per_warp": launch.rows_per_warp, "threads": launch.threads},
+        "launch": {"warps": launch.warps, "rows_per_warp": launch.rows_per_warp, "threads": launch.threads,
+                   "max_registers": launch.max_registers},
         "argument_order": [{"name": arg, "dtype": _doc(program, arg)[0], "shape": _doc(program, arg)[1]}
                            for _, arg in _pointer_args(program)] + [{"name": "rows"}, {"name": "t_tok"}],
         "kernels": [{"name": k.name, "doc": k.doc,

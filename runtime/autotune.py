@@ -17,7 +17,17 @@ from replayssm_dsl.lowering.launch import LaunchConfig
 
 from .benchmark import capture_graphs, time_graphs
 
-CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 4), LaunchConfig(4, 8), LaunchConfig(8, 8))
+CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
+              LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64))
+
+
+def _usable(cache) -> bool:
+    """The candidate's module builds (shared memory fits) and no kernel spills to local memory."""
+    import cupy as cp
+    try:
+        return not cache.compiled.local_memory()
+    except cp.cuda.compiler.CompileException:
+        return False
 
 
 def table_key(program, rows: int) -> str:
@@ -51,6 +61,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20) -> t
     rng = np.random.default_rng(0)
     for launch in CANDIDATES:
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
+        if not _usable(cache):
+            continue
         cache.buffers["checkpoint"][...] = 0.01
         cache.buffers["fill"][...] = cp.arange(rows, dtype=cp.int32) % config.window
         batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
@@ -63,8 +75,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20) -> t
     best = min(timings, key=timings.get)
     table = load_table()
     table[table_key(program, rows)] = {
-        "launch": {"warps": best.warps, "rows_per_warp": best.rows_per_warp},
-        "ms": {f"{c.warps}x{c.rows_per_warp}": t for c, t in timings.items()}}
+        "launch": {"warps": best.warps, "rows_per_warp": best.rows_per_warp, "max_registers": best.max_registers},
+        "ms": {c.label: t for c, t in timings.items()}}
     path = knobs.autotune_cache()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

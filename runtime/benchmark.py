@@ -171,7 +171,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     res = {"preset": preset_name, "variant": p.variant, "B": batch,
-           "launch": f"{launch.warps}x{launch.rows_per_warp}", "tuning_ms": {str(k): v for k, v in tuning.items()}}
+           "launch": launch.label, "tuning_ms": {k.label: v for k, v in tuning.items()}}
 
     stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
     res["replay_step"] = time_graphs(cp, stream, graphs, reps)

@@ -80,6 +80,11 @@ class CompiledProgram:
         path.write_text(self.source)
         return path
 
+    def local_memory(self) -> dict:
+        """Kernel name → bytes of local memory per thread (spills or stack); empty when there is none."""
+        sizes = {k.name: self.kernel(k.name).attributes["local_size_bytes"] for k in self.program.kernels}
+        return {name: size for name, size in sizes.items() if size}
+
     def kernel(self, name: str):
         if name not in self._kernels:
             self._kernels[name] = self.module.get_function(name)

@@ -121,55 +121,38 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
     return acc;
 }
 
-// Copy ``count`` floats (count <= MAXN; a multiple of 4 when WIDE) from global to shared memory, all
-// loads issued before the first store: the copy costs one memory latency, not one per loop trip.
-template <int MAXN, bool WIDE>
+// Asynchronous global → shared copies (cp.async, sm_80+): no registers, no wait until cp_async_wait.
+// A source size of 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
+// memory; complete after cp_async_wait() and a barrier.
+template <bool WIDE>
 __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const float* __restrict__ src, int count,
                                              int tid) {
     if constexpr (WIDE) {
-        constexpr int PER = (MAXN / 4 + THREADS - 1) / THREADS;
-        float4 v[PER];
-#pragma unroll
-        for (int p = 0; p < PER; ++p) {
-            const int x = (p * THREADS + tid) * 4;
-            if (x < count) v[p] = *reinterpret_cast<const float4*>(src + x);
-        }
-#pragma unroll
-        for (int p = 0; p < PER; ++p) {
-            const int x = (p * THREADS + tid) * 4;
-            if (x < count) *reinterpret_cast<float4*>(dst + x) = v[p];
-        }
+        for (int x = tid * 4; x < count; x += THREADS * 4) cp_async16(dst + x, src + x);
     } else {
-        constexpr int PER = (MAXN + THREADS - 1) / THREADS;
-        float v[PER];
-#pragma unroll
-        for (int p = 0; p < PER; ++p) {
-            const int x = p * THREADS + tid;
-            if (x < count) v[p] = src[x];
-        }
-#pragma unroll
-        for (int p = 0; p < PER; ++p) {
-            const int x = p * THREADS + tid;
-            if (x < count) dst[x] = v[p];
-        }
+        for (int x = tid; x < count; x += THREADS) cp_async4(dst + x, src + x, true);
     }
 }
 
-// The buffer's write records of rows [v0, v0 + BV) into shared memory, record i at sh_w[i·(BV+1) + rr]
-// (padded against bank conflicts; zero past the fill and past V). Loads first, then stores.
+// Start copying the buffer's write records of rows [v0, v0 + BV) into shared memory, record i at
+// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past the fill and past V).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    constexpr int PER = (NREC * BV + THREADS - 1) / THREADS;
-    float v[PER];
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
-        v[p] = (i < n && v0 + rr < V) ? head_writes[(size_t)i * V + v0 + rr] : 0.f;
-    }
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-        const int x = p * THREADS + tid, i = x / BV, rr = x % BV;
-        if (x < NREC * BV) sh_w[i * (BV + 1) + rr] = v[p];
+    for (int x = tid; x < NREC * BV; x += THREADS) {
+        const int i = x / BV, rr = x % BV;
+        const bool valid = i < n && v0 + rr < V;
+        cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
     }
 }
 
@@ -540,9 +523,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
-    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
     stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    cp_async_wait();
     __syncthreads();
     for (int x = tid; x < t * K; x += THREADS) {
         const int j = x / K, e = x % K;
@@ -741,9 +725,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
     stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    cp_async_wait();
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -902,10 +887,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     if (!flush) {
-        stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-        stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
         stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     }
+    cp_async_wait();
     __syncthreads();
     for (int x = tid; x < t * K; x += THREADS) {
         const int j = x / K, e = x % K;
@@ -1068,9 +1054,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
     stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    cp_async_wait();
     __syncthreads();
     float wv[RPW];
     #pragma unroll
@@ -1250,9 +1237,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    stage_floats<NREC * K, VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-    stage_floats<NREC, false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+    stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+    stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
     stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    cp_async_wait();
     __syncthreads();
     float wv[RPW];
     #pragma unroll
