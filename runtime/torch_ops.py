@@ -76,7 +76,7 @@ class TorchReplayCache:
     def _host_or_device_batch(self, **arrays):
         if self.device.type == "cuda":
             import cupy as cp
-            return {k: cp.from_dlpack(v.to(torch.int32).contiguous()) for k, v in arrays.items()}
+            return {k: cp.asarray(v.to(torch.int32).contiguous()) for k, v in arrays.items()}
         return {k: _numpy(v).astype(np.int32) for k, v in arrays.items()}
 
 
@@ -93,7 +93,9 @@ def _bind(c: TorchReplayCache, state: list) -> None:
                              f"{list(given.shape)} {given.dtype} on {given.device.type}")
     if c.device.type == "cuda":
         import cupy as cp
-        c.cache.buffers.update({n: cp.from_dlpack(t.detach()) for n, t in zip(c.names, state)})
+        # __cuda_array_interface__, not DLPack: DLPack's exchange makes CuPy's stream wait on torch's,
+        # which a CUDA-graph capture refuses; the kernels run on torch's stream anyway (``_cache``).
+        c.cache.buffers.update({n: cp.asarray(t.detach()) for n, t in zip(c.names, state)})
     else:
         c.cache.buffers.update({n: _numpy(t) for n, t in zip(c.names, state)})
 
