@@ -333,6 +333,46 @@ def _scores(decl) -> list[str]:
             + ["        " + line for line in body] + ["    }", "}"])
 
 
+def _padded_parts(m: int) -> int:
+    """Register array length for ``m`` per-row partial sums: a power of two up to 32, else a multiple of 32."""
+    return 1 << (m - 1).bit_length() if m <= 32 else -(-m // 32) * 32
+
+
+def _replay_rows(decl, f: Facts, program: Program, append_guard) -> list[str]:
+    """Per row: the checkpoint and committed-record parts of every draft's output (and delta-rule key
+    projection) in one pass over the row's registers and one multi-value warp reduction; then the drafts'
+    small triangular recurrence w_j = β_j (v_j − pk_j − Σ_{i<j} w_i sk_j[n+i]) on chip."""
+    tn = program.config.max_drafts if f.drafts else 1
+    parts = _padded_parts(tn * (2 if decl.is_delta else 1))
+    value = _row_field(decl, "value")
+    per_draft = bool(f.stmts["store_output"].attr("per_draft"))
+    fill_parts = ["part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
+    if decl.is_delta:
+        fill_parts.append(f"part[{tn} + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
+        write = [f"float pk = part[{tn} + j];", "#pragma unroll", "for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];",
+                 f"const float w = sh_beta[j] * ({value} - pk);"]
+    else:
+        write = [f"const float w = sh_beta[j] * {value};"]
+    per_token = write + [
+        "wd[j] = w;",
+        "float o = part[j] + w * sh_sq[j * NREC + n + j];",
+        "#pragma unroll", "for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];",
+    ] + _epilogue(decl) + [
+        "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
+        else "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
+        "if (lane == n + j) wv[r] = w;  // the fold reads draft j's record from lane n + j",
+    ]
+    if append_guard is not None:
+        per_token += _guarded(append_guard, ["if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
+    return (["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int rr = warp * RPW + r, row = v0 + rr;",
+             f"    float part[{parts}];", "    #pragma unroll", f"    for (int j = 0; j < {parts}; ++j) part[j] = 0.f;",
+             "    #pragma unroll", f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
+            + ["            " + line for line in fill_parts] + ["        }", "    }", "    warp_sum_all(part, lane);",
+                                                                  f"    float wd[{tn}];", "    #pragma unroll",
+                                                                  f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
+            + ["            " + line for line in per_token] + ["        }", "    }", "}"])
+
+
 def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
     body = _ids(f) + _shared_decls(decl, f.drafts, replay=True) + _fill_lines(f)
@@ -361,23 +401,7 @@ def _render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         rec.append("}")
         body += _guarded(append_guard, rec)
     body.append("__syncthreads();")
-    # rows
-    body += _row_records()
-    value = _row_field(decl, "value")
-    write = (f"const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));\n"
-             f"const float w = sh_beta[j] * ({value} - pk);") if decl.is_delta else f"const float w = sh_beta[j] * {value};"
-    per_draft = bool(f.stmts["store_output"].attr("per_draft"))
-    inner = write.split("\n") + [
-        "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
-        " + w * sh_sq[j * NREC + n + j];",
-    ] + _epilogue(decl) + [
-        "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;" if per_draft
-        else "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;",
-        "if (lane == n + j) wv[r] = w;",
-    ]
-    if append_guard is not None:
-        inner += _guarded(append_guard, ["if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"])
-    body += _draft_row_loop(inner)
+    body += _row_records() + _replay_rows(decl, f, program, append_guard)
     if "fold_tokens" in f.stmts:
         fold = (_fold_keys(decl, "n + t - 1", "n + t") + _fold_rows(decl, "n + t - 1", "n + t")
                 + _store_rows(CHECKPOINT_ROW.format(page="dst")))

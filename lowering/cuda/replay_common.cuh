@@ -71,6 +71,49 @@ __device__ __forceinline__ void store_row(T* __restrict__ row, const float (&s)[
     }
 }
 
+// Sums of C values (C a power of two, at most 32) held by every lane, over the warp, written back to
+// x[OFF, OFF + C) of every lane. Transpose-reduce: at each step a lane keeps half of its values (by its
+// lane bit) and adds the partner's copy of that half, so C values cost C − 1 + log2(32 / C) shuffles,
+// then C broadcasts, instead of 5·C for one warp_sum per value.
+template <int W, int OFFSET, int C>  // one transpose step: W values per lane → W / 2, partners at lane ^ OFFSET
+__device__ __forceinline__ void transpose_reduce(float (&y)[C], int lane) {
+    if constexpr (W > 1) {
+        const bool upper = (lane & OFFSET) != 0;
+#pragma unroll
+        for (int i = 0; i < W / 2; ++i) {
+            const float send = upper ? y[i] : y[i + W / 2];
+            const float keep = upper ? y[i + W / 2] : y[i];
+            y[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+        }
+        transpose_reduce<W / 2, OFFSET / 2>(y, lane);
+    }
+}
+
+template <int C, int OFF, int M>
+__device__ __forceinline__ void warp_sum_chunk(float (&x)[M], int lane) {
+    float y[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) y[i] = x[OFF + i];
+    transpose_reduce<C, 16>(y, lane);
+#pragma unroll
+    for (int offset = 16 / C; offset > 0; offset >>= 1) y[0] += __shfl_xor_sync(0xffffffffu, y[0], offset);
+    if constexpr (C == 1) {
+        x[OFF] = y[0];
+    } else {
+#pragma unroll
+        for (int v = 0; v < C; ++v) x[OFF + v] = __shfl_sync(0xffffffffu, y[0], v * (32 / C));  // value v's lanes
+    }
+}
+
+// Every lane gets the warp-wide sum of each of its M values (M a power of two ≤ 32, or a multiple of 32).
+template <int M, int OFF = 0>
+__device__ __forceinline__ void warp_sum_all(float (&x)[M], int lane) {
+    constexpr int C = M < 32 ? M : 32;
+    static_assert((C & (C - 1)) == 0 && M % C == 0, "warp_sum_all: M must be a power of two or a multiple of 32");
+    warp_sum_chunk<C, OFF>(x, lane);
+    if constexpr (OFF + C < M) warp_sum_all<M, OFF + C>(x, lane);
+}
+
 // Dot product of a lane's row registers with a K vector in shared memory (lane partial only).
 __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane) {
     float acc = 0.f;
@@ -106,13 +149,13 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     }
 }
 
-// Start copying the buffer's write records of rows [v0, v0 + BV) into shared memory, record i at
-// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past the fill and past V).
+// Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
+// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past V; nothing past the fill, never read).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    for (int x = tid; x < NREC * BV; x += THREADS) {
+    for (int x = tid; x < n * BV; x += THREADS) {
         const int i = x / BV, rr = x % BV;
-        const bool valid = i < n && v0 + rr < V;
+        const bool valid = v0 + rr < V;
         cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
     }
 }

@@ -107,6 +107,49 @@ __device__ __forceinline__ void store_row(T* __restrict__ row, const float (&s)[
     }
 }
 
+// Sums of C values (C a power of two, at most 32) held by every lane, over the warp, written back to
+// x[OFF, OFF + C) of every lane. Transpose-reduce: at each step a lane keeps half of its values (by its
+// lane bit) and adds the partner's copy of that half, so C values cost C − 1 + log2(32 / C) shuffles,
+// then C broadcasts, instead of 5·C for one warp_sum per value.
+template <int W, int OFFSET, int C>  // one transpose step: W values per lane → W / 2, partners at lane ^ OFFSET
+__device__ __forceinline__ void transpose_reduce(float (&y)[C], int lane) {
+    if constexpr (W > 1) {
+        const bool upper = (lane & OFFSET) != 0;
+#pragma unroll
+        for (int i = 0; i < W / 2; ++i) {
+            const float send = upper ? y[i] : y[i + W / 2];
+            const float keep = upper ? y[i + W / 2] : y[i];
+            y[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFFSET);
+        }
+        transpose_reduce<W / 2, OFFSET / 2>(y, lane);
+    }
+}
+
+template <int C, int OFF, int M>
+__device__ __forceinline__ void warp_sum_chunk(float (&x)[M], int lane) {
+    float y[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) y[i] = x[OFF + i];
+    transpose_reduce<C, 16>(y, lane);
+#pragma unroll
+    for (int offset = 16 / C; offset > 0; offset >>= 1) y[0] += __shfl_xor_sync(0xffffffffu, y[0], offset);
+    if constexpr (C == 1) {
+        x[OFF] = y[0];
+    } else {
+#pragma unroll
+        for (int v = 0; v < C; ++v) x[OFF + v] = __shfl_sync(0xffffffffu, y[0], v * (32 / C));  // value v's lanes
+    }
+}
+
+// Every lane gets the warp-wide sum of each of its M values (M a power of two ≤ 32, or a multiple of 32).
+template <int M, int OFF = 0>
+__device__ __forceinline__ void warp_sum_all(float (&x)[M], int lane) {
+    constexpr int C = M < 32 ? M : 32;
+    static_assert((C & (C - 1)) == 0 && M % C == 0, "warp_sum_all: M must be a power of two or a multiple of 32");
+    warp_sum_chunk<C, OFF>(x, lane);
+    if constexpr (OFF + C < M) warp_sum_all<M, OFF + C>(x, lane);
+}
+
 // Dot product of a lane's row registers with a K vector in shared memory (lane partial only).
 __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane) {
     float acc = 0.f;
@@ -142,13 +185,13 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     }
 }
 
-// Start copying the buffer's write records of rows [v0, v0 + BV) into shared memory, record i at
-// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past the fill and past V).
+// Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
+// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past V; nothing past the fill, never read).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    for (int x = tid; x < NREC * BV; x += THREADS) {
+    for (int x = tid; x < n * BV; x += THREADS) {
         const int i = x / BV, rr = x % BV;
-        const bool valid = i < n && v0 + rr < V;
+        const bool valid = v0 + rr < V;
         cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
     }
 }
@@ -643,17 +686,37 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
-    for (int j = 0; j < t; ++j) {
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int rr = warp * RPW + r, row = v0 + rr;
+        float part[2];
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int rr = warp * RPW + r, row = v0 + rr;
-            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-            if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
-            if (lane == n + j) wv[r] = w;
-            if (!flush) {
-                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+        for (int j = 0; j < 2; ++j) part[j] = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+            if (j < t) {
+                part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+                part[1 + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
+            }
+        }
+        warp_sum_all(part, lane);
+        float wd[1];
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+            if (j < t) {
+                float pk = part[1 + j];
+                #pragma unroll
+                for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                wd[j] = w;
+                float o = part[j] + w * sh_sq[j * NREC + n + j];
+                #pragma unroll
+                for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];
+                if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
+                if (lane == n + j) wv[r] = w;  // the fold reads draft j's record from lane n + j
+                if (!flush) {
+                    if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+                }
             }
         }
     }
@@ -1034,16 +1097,36 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
-    for (int j = 0; j < t; ++j) {
+    #pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int rr = warp * RPW + r, row = v0 + rr;
+        float part[16];
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int rr = warp * RPW + r, row = v0 + rr;
-            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-            if (lane == n + j) wv[r] = w;
-            if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+        for (int j = 0; j < 16; ++j) part[j] = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (j < t) {
+                part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+                part[8 + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
+            }
+        }
+        warp_sum_all(part, lane);
+        float wd[8];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (j < t) {
+                float pk = part[8 + j];
+                #pragma unroll
+                for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                wd[j] = w;
+                float o = part[j] + w * sh_sq[j * NREC + n + j];
+                #pragma unroll
+                for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];
+                if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+                if (lane == n + j) wv[r] = w;  // the fold reads draft j's record from lane n + j
+                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+            }
         }
     }
 }
