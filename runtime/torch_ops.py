@@ -117,13 +117,26 @@ def _cache(key: str, state: list):
     if key not in _CACHES:
         raise KeyError(f"key: no replay cache {key!r} (create a TorchReplayCache first)")
     c = _CACHES[key]
-    _bind(c, state)
-    if c.device.type == "cuda":
-        c.cache.stream = torch.cuda.current_stream(c.device)  # torch's stream, also while capturing a graph
-    try:
-        yield c
-    finally:
-        _bind(c, c.state)
+    with _on_torch_stream(c):
+        _bind(c, state)
+        try:
+            yield c
+        finally:
+            _bind(c, c.state)
+
+
+@contextlib.contextmanager
+def _on_torch_stream(c: TorchReplayCache):
+    """On the GPU, CuPy's current stream is torch's current stream while an operator runs (also while
+    capturing a graph): kernels launch there, and DLPack exchanges add no wait on another stream
+    (a capture refuses one on the legacy stream)."""
+    if c.device.type != "cuda":
+        yield
+        return
+    from .cuda_module import as_cupy_stream
+    c.cache.stream = torch.cuda.current_stream(c.device)
+    with as_cupy_stream(c.cache.stream):
+        yield
 
 
 def _named(c: TorchReplayCache, tokens) -> dict:
