@@ -15,6 +15,16 @@ from replayssm_dsl.runtime.hf_adapter import (  # noqa: E402
     NgramDrafter, PerturbedDrafter, replay_decoding, speculative_generate)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: as fast for these tiny models, and several times faster than two when
+    another process shares the machine's two cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def mamba2_model():
     config = transformers.Mamba2Config(vocab_size=96, hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16,
                                        state_size=16, n_groups=2, expand=2, conv_kernel=4, chunk_size=16)
