@@ -44,15 +44,15 @@ class LaunchConfig:
 
 
 def choose_launch(shape, rows: int) -> LaunchConfig:
-    """Launch shape for ``rows`` batch rows: about 64 state rows per CTA (the head-level work is
-    amortised over more rows, and each warp keeps 8+ row loads in flight) unless that leaves fewer
-    than two CTAs per SM, then 16 rows per CTA."""
-    tiles = -(-shape.v_dim // 64)
-    rows_per_cta = -(-shape.v_dim // tiles)
-    if rows * shape.heads * tiles < 2 * SMS_H200:
+    """Launch shape for ``rows`` batch rows when the autotuner has no entry, from the H200 runs in
+    docs/performance.md: 16-row CTAs while that leaves fewer than two CTAs per SM (small batches);
+    otherwise 64-row CTAs (4 warps × 16 rows: the most state in flight per SM) where V is a multiple
+    of 64, else 16-row CTAs under a 64-register cap (8 per SM; no rows wasted past V = 80)."""
+    if rows * shape.heads * -(-shape.v_dim // 16) < 2 * SMS_H200:
         return LaunchConfig(warps=4, rows_per_warp=4)
-    warps = 4 if rows_per_cta <= 32 else 8  # at most 8 rows per warp: more spill under the 128-register cap
-    return LaunchConfig(warps=warps, rows_per_warp=-(-rows_per_cta // warps))
+    if shape.v_dim % 64 == 0:
+        return LaunchConfig(warps=4, rows_per_warp=16)
+    return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
 
 
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:
@@ -64,7 +64,7 @@ def kernel_arguments(program: Program) -> list[tuple[str, str]]:
             ("const int*", "drafts"), ("const int*", "accepted")]
     for spec in program.declaration.inputs:
         args.append(("const float*", ("tok_" if spec.kind == "token" else "par_") + spec.name))
-    args += [("float*", "out"), ("int", "rows"), ("int", "t_tok")]
+    args += [("float*", "out"), ("int", "rows"), ("int", "t_tok"), ("int", "num_slots"), ("int", "num_pages")]
     return args
 
 

@@ -74,7 +74,9 @@ def _ids(f: Facts) -> list[str]:
 
 def _fill_lines(f: Facts) -> list[str]:
     """The slot's buffer fill and the flush decision (after the null-slot return)."""
-    lines = ["if (slot < 0) return;  // null slot: a padded row touches nothing"]
+    lines = ["if (slot < 0) return;  // null slot: a padded row touches nothing",
+             "if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
+             "  // indices outside this cache: touch nothing (the runtime checks them where it can)"]
     if "load_fill" in f.stmts:
         lines.append("int n = fill[slot];")
     elif f.family != "copy":
@@ -479,7 +481,8 @@ def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
         "commit": "fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];",
     }[value]
     return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
-            "const int slot = slots[b];", "if (slot < 0) return;", "const int n = fill[slot];", "(void)n;", update]
+            "const int slot = slots[b];", "if (slot < 0 || slot >= num_slots) return;", "const int n = fill[slot];",
+            "(void)n; (void)num_pages;", update]
 
 
 TEMPLATES = {"replay": _render_replay, "recur": _render_recur, "fold": _render_fold, "copy": _render_copy,

@@ -3,7 +3,8 @@
 ``write_standalone(program, folder)`` writes three files:
 
 - ``<name>.cu``: the generated kernels plus one ``extern "C"`` launcher per kernel that takes a
-  ``<Name>Buffers`` struct of device pointers, the batch rows, the token count per row and a stream;
+  ``<name>_buffers`` struct (device pointers, and the slot and page counts the kernels check rows
+  against), the batch rows, the token count per row and a stream;
 - ``<name>.h``: the struct and launchers, every argument documented (dtype, shape, layout);
 - ``manifest.json``: kernels, argument order, sizes, grid rules, launch shape, declaration hash.
 
@@ -35,15 +36,18 @@ ARGUMENT_DOCS = {
     "drafts": ("int32", "[B]", "drafts per row (verify, commit, snapshot_verify)"),
     "accepted": ("int32", "[B]", "accepted drafts per row (commit)"),
     "out": ("float", "[B, T, HV, V]", "outputs (T = t_tok)"),
+    "num_slots": ("int", "scalar", "slots the fill and record buffers hold; rows with slots outside [0, num_slots) touch nothing"),
+    "num_pages": ("int", "scalar", "checkpoint pages; rows with pages outside [0, num_pages) touch nothing"),
 }
+CALL_ARGS = ("rows", "t_tok")  # launcher parameters; every other kernel argument is a field of the buffers struct
 
 
 def export_name(program: Program) -> str:
     return f"replayssm_{program.declaration.name}"
 
 
-def _pointer_args(program: Program) -> list[tuple[str, str]]:
-    return [(ctype, name) for ctype, name in kernel_arguments(program) if name not in ("rows", "t_tok")]
+def _struct_fields(program: Program) -> list[tuple[str, str]]:
+    return [(ctype, name) for ctype, name in kernel_arguments(program) if name not in CALL_ARGS]
 
 
 def _doc(program: Program, name: str) -> tuple[str, str, str]:
@@ -61,7 +65,7 @@ def render_header(program: Program, launch: LaunchConfig) -> str:
         return ctype.replace("const ", "").replace("STATE_T", f"{name}_state_t")
 
     struct = "".join("    {} {};  /* {} {}: {} */\n".format(c_type(ctype), arg, *_doc(program, arg))
-                     for ctype, arg in _pointer_args(program))
+                     for ctype, arg in _struct_fields(program))
     state_t = STATE_C_TYPES[cfg.state_dtype]
     lines = [
         f"/* {name}.h: ReplaySSM decode kernels for {decl.name!r} (declaration {decl.fingerprint}).",
@@ -87,7 +91,7 @@ def render_header(program: Program, launch: LaunchConfig) -> str:
 def render_launchers(program: Program, launch: LaunchConfig) -> str:
     name = export_name(program)
     tiles = -(-program.shape.v_dim // launch.rows_per_cta)
-    args = ", ".join(f"buffers->{arg}" for _, arg in _pointer_args(program)) + ", rows, t_tok"
+    args = ", ".join(arg if arg in CALL_ARGS else f"buffers->{arg}" for _, arg in kernel_arguments(program))
     out = [f'#include "{name}.h"']
     for kernel in program.kernels:
         if kernel.grid == ("B",):
@@ -112,8 +116,9 @@ def manifest(program: Program, launch: LaunchConfig) -> dict:
         "state_dtype": cfg.state_dtype,
         "launch": {"warps": launch.warps, "rows_per_warp": launch.rows_per_warp, "threads": launch.threads,
                    "max_registers": launch.max_registers},
-        "argument_order": [{"name": arg, "dtype": _doc(program, arg)[0], "shape": _doc(program, arg)[1]}
-                           for _, arg in _pointer_args(program)] + [{"name": "rows"}, {"name": "t_tok"}],
+        "argument_order": [{"name": arg} if arg in CALL_ARGS else
+                           {"name": arg, "dtype": _doc(program, arg)[0], "shape": _doc(program, arg)[1]}
+                           for _, arg in kernel_arguments(program)],
         "kernels": [{"name": k.name, "doc": k.doc,
                      "grid": ["ceil(rows/128)"] if k.grid == ("B",) else [tiles, shape.heads, "rows"],
                      "block": [FILL_THREADS] if k.grid == ("B",) else [launch.threads],

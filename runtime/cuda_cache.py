@@ -102,6 +102,10 @@ class CudaReplayCache(ReplayCacheBase):
                 args.append(np.int32(rows))
             elif name == "t_tok":
                 args.append(np.int32(t_tok))
+            elif name == "num_slots":
+                args.append(np.int32(self.num_slots))
+            elif name == "num_pages":
+                args.append(np.int32(self.num_pages))
             elif name == "slots":
                 args.append(dev["slot"])
             elif name in dev:
@@ -139,7 +143,8 @@ class CudaReplayCache(ReplayCacheBase):
     # --- graph-capturable launches: device-resident batch arrays, no host work ------------------------
     def launch_step(self, batch: dict, tokens: dict, out) -> None:
         """``batch``: device int32 arrays ``slot, src_page, dst_page, drafts, accepted`` ``[B]``;
-        ``tokens[name]``: device ``[B, 1, ...]``; ``out``: ``[B, 1, HV, V]``. Unchecked."""
+        ``tokens[name]``: device ``[B, 1, ...]``; ``out``: ``[B, 1, HV, V]``. No host checks: a row whose
+        slot or page is outside this cache is skipped by the kernels (nothing written, output untouched)."""
         rows = int(batch["slot"].shape[0])
         self._launch("replay_step", rows, batch, tokens, out=out)
         self._launch("advance_fill", rows, batch)

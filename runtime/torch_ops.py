@@ -101,8 +101,9 @@ def _bind(c: TorchReplayCache, state: list) -> None:
 
 
 def _check_index(c: TorchReplayCache, **tensors) -> None:
-    """Batch index tensors: 1-D integers on the cache's device (their values are checked by the CPU cache;
-    on the GPU they go to the kernels unchecked, see ``CudaReplayCache.launch_step``)."""
+    """Batch index tensors: 1-D integers on the cache's device. Their values are checked by the CPU cache;
+    on the GPU they go to the kernels with no host sync, and a kernel skips a row whose slot or page is
+    outside the cache (it touches no memory and leaves that row's output unwritten)."""
     for name, t in tensors.items():
         if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.device.type != c.device.type:
             raise InputError(f"{name}: expected a 1-D integer tensor on {c.device.type}, got {list(t.shape)} "

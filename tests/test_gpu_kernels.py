@@ -209,6 +209,40 @@ def test_gpu_cuda_graph_replays_a_decode_step_like_eager():
     assert np.array_equal(graphed.fills(), eager.fills())
 
 
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_rows_outside_the_cache_touch_nothing(name):
+    """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger
+    cache must make the kernels skip the row. Every buffer keeps its bytes, the row's output stays
+    poisoned, and the valid rows of the same batch still match an eager twin."""
+    import cupy as cp
+    decl, shape, config = ALL_DECLS[name], ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
+    rng = np.random.default_rng(12)
+    params = random_params(decl, shape, rng)
+    cache = cuda_cache()(decl, shape, config, slots=2, params=params)
+    twin = cuda_cache()(decl, shape, config, slots=2, params=params)
+    S0 = random_state(shape, rng, (2,)).astype(np.float32)
+    cache.load([0, 1], S0)
+    twin.load([0, 1], S0)
+    bad = [(5, 1, 1), (1, 7, 1), (1, 1, 9), (2, 0, 0)]  # slot, src page, dst page: each outside [0, 2)
+    for step in range(6):  # through a flush (window 4)
+        for slot, src, dst in bad:
+            batch = {"slot": cp.asarray([0, slot], cp.int32), "src_page": cp.asarray([0, src], cp.int32),
+                     "dst_page": cp.asarray([0, dst], cp.int32), "drafts": cp.ones(2, cp.int32),
+                     "accepted": cp.zeros(2, cp.int32)}
+            before = {k: v.copy() for k, v in cache.buffers.items()}
+            toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
+            out = cp.full((2, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
+            cache.launch_step(dict(batch, slot=cp.asarray([-1, slot], cp.int32)), toks, out)
+            for key, value in cache.buffers.items():
+                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed for row {(slot, src, dst)}"
+            assert bool(cp.isnan(out).all()), "a skipped row wrote its output"
+        cache.launch_step(batch, toks, out)  # row 0 valid, row 1 out of range
+        want = twin.step([0], {k: v[:1, 0] for k, v in toks.items()})
+        assert_close(out[:1, 0], want, 1e-6, f"valid row beside an out-of-range one, step {step}")
+        assert bool(cp.isnan(out[1]).all())
+    assert np.array_equal(cache.fills(), twin.fills())
+
+
 def test_gpu_torch_tensors_and_stream_without_copies():
     torch = pytest.importorskip("torch")
     decl, shape = ALL_DECLS["mamba2"], ModelShape(4, 2, 16, 32)

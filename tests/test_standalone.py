@@ -30,6 +30,7 @@ def test_export_writes_source_header_and_manifest(tmp_path):
     for kernel in program.kernels:
         assert f"replayssm_kda_{kernel.name}(" in text and f"replayssm_kda_{kernel.name}(" in source.read_text()
     assert "tok_g_raw;  /* float [B, t_tok, HV, K]" in text
+    assert "int num_slots;" in text and "int num_pages;" in text  # bounds the kernels check rows against
 
 
 def _build(tmp_path, program):
@@ -67,10 +68,11 @@ def test_library_through_ctypes_matches_the_python_runtime(tmp_path):
     python.load([0, 1, 2], S0)
     mirror.load([0, 1, 2], S0)
     library = ctypes.CDLL(str(_build(tmp_path, mirror.program)))
-    args = [name for _, name in kernel_arguments(mirror.program) if name not in ("rows", "t_tok")]
+    fields = [(ctype, name) for ctype, name in kernel_arguments(mirror.program) if name not in ("rows", "t_tok")]
+    args = [name for _, name in fields]
 
     class Buffers(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_void_p) for name in args]
+        _fields_ = [(name, ctypes.c_int if ctype == "int" else ctypes.c_void_p) for ctype, name in fields]
 
     slots = np.array([2, -1, 0], np.int32)
     batch = {k: cp.asarray(v) for k, v in mirror._batch(slots).items()}
@@ -82,7 +84,8 @@ def test_library_through_ctypes_matches_the_python_runtime(tmp_path):
         pointers = {**{k: v.data.ptr for k, v in mirror.buffers.items()}, **{f"tok_{k}": v.data.ptr for k, v in dev.items()},
                     **{f"par_{k}": mirror.buffers[k].data.ptr for k in params}, "slots": batch["slot"].data.ptr,
                     "src_page": batch["src_page"].data.ptr, "dst_page": batch["dst_page"].data.ptr,
-                    "drafts": batch["drafts"].data.ptr, "accepted": batch["accepted"].data.ptr, "out": out.data.ptr}
+                    "drafts": batch["drafts"].data.ptr, "accepted": batch["accepted"].data.ptr, "out": out.data.ptr,
+                    "num_slots": mirror.num_slots, "num_pages": mirror.num_pages}
         dummy = mirror._dummy["float"].data.ptr
         buffers = Buffers(**{name: pointers.get(name, dummy) for name in args})
         for kernel in ("replay_step", "advance_fill"):

@@ -233,7 +233,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -248,6 +250,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -369,7 +372,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -384,6 +389,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ float sh_g[TMAX];
     __shared__ float sh_value[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -510,7 +516,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -531,6 +539,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + 1 >= WINDOW;
     int page = src;
@@ -749,14 +758,16 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
 }
 
@@ -793,7 +804,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -803,6 +816,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int t = drafts[b];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
@@ -897,7 +911,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -918,6 +934,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_g[TMAX];
     __shared__ float sh_value[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (flush) {
@@ -1112,14 +1129,16 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];
 }
 
@@ -1154,7 +1173,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1164,6 +1185,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
@@ -1244,7 +1266,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1254,6 +1278,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1292,14 +1317,16 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = 0;
 }
 
@@ -1334,7 +1361,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1344,6 +1373,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];

@@ -233,7 +233,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -248,6 +250,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ __align__(16) float sh_g[1 * K];
     __shared__ float sh_value[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -378,7 +381,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -393,6 +398,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ __align__(16) float sh_g[TMAX * K];
     __shared__ float sh_value[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -528,7 +534,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -549,6 +557,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_ed[K];
     __shared__ float sh_value[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + 1 >= WINDOW;
     int page = src;
@@ -781,14 +790,16 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
 }
 
@@ -825,7 +836,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -835,6 +848,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int t = drafts[b];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
@@ -933,7 +947,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -954,6 +970,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_ed[K];
     __shared__ float sh_value[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (flush) {
@@ -1159,14 +1176,16 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];
 }
 
@@ -1201,7 +1220,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1211,6 +1232,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
@@ -1295,7 +1317,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1305,6 +1329,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1343,14 +1368,16 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = 0;
 }
 
@@ -1385,7 +1412,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const float* __restrict__ par_dt_bias,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1395,6 +1424,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];

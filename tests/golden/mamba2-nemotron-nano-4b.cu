@@ -212,7 +212,7 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); 
 //   S, O = recur(S, F)
 //   store_state(S, dst) buffer=state
 //   store_output(O)
-extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
+extern "C" __global__ void __launch_bounds__(128, 8) conventional_step(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -237,7 +237,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -254,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ float sh_skip[1 * BV];
     __shared__ float sh_gate[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -336,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
 //   SS, O = recur(S, F) snapshots=True
 //   store_state(SS) buffer=snapshots per_draft=True
 //   store_output(O) per_draft=True
-extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
+extern "C" __global__ void __launch_bounds__(128, 8) snapshot_verify(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -361,7 +364,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -378,6 +383,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ float sh_skip[TMAX * BV];
     __shared__ float sh_gate[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -465,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
 //     store_state(S, dst) buffer=checkpoint
 //   when not flush:
 //     append(R, W, F, G)
-extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
+extern "C" __global__ void __launch_bounds__(128, 8) replay_step(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -490,7 +496,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -513,6 +521,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_skip[1 * BV];
     __shared__ float sh_gate[1 * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + 1 >= WINDOW;
     int page = src;
@@ -714,14 +723,16 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
 }
 
@@ -734,7 +745,7 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
 //     S = load_state(src) buffer=checkpoint
 //     S, R = fold(S, R)
 //     store_state(S, dst) buffer=checkpoint
-extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
+extern "C" __global__ void __launch_bounds__(128, 8) flush_for_verify(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -759,7 +770,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -769,6 +782,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int t = drafts[b];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
@@ -839,7 +853,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
 //   W, O = replay(S, R, F, G, SC)
 //   store_output(O) per_draft=True
 //   append(R, W, F, G)
-extern "C" __global__ void __launch_bounds__(128, 4) verify(
+extern "C" __global__ void __launch_bounds__(128, 8) verify(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -864,7 +878,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -887,6 +903,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_skip[TMAX * BV];
     __shared__ float sh_gate[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     const bool flush = n + t > CAPACITY;
     if (flush) {
@@ -1064,14 +1081,16 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];
 }
 
@@ -1082,7 +1101,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
 //   S = load_state(src) buffer=checkpoint
 //   S, R = fold(S, R)
 //   store_state(S, dst) buffer=checkpoint
-extern "C" __global__ void __launch_bounds__(128, 4) flush(
+extern "C" __global__ void __launch_bounds__(128, 8) flush(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -1107,7 +1126,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1117,6 +1138,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
@@ -1173,7 +1195,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
 //   slot, src, dst = row()
 //   S = load_state() buffer=initial
 //   store_state(S, dst) buffer=checkpoint
-extern "C" __global__ void __launch_bounds__(128, 4) load(
+extern "C" __global__ void __launch_bounds__(128, 8) load(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -1198,7 +1220,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1208,6 +1232,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1247,14 +1272,16 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
     const int slot = slots[b];
-    if (slot < 0) return;
+    if (slot < 0 || slot >= num_slots) return;
     const int n = fill[slot];
-    (void)n;
+    (void)n; (void)num_pages;
     fill[slot] = 0;
 }
 
@@ -1265,7 +1292,7 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
 //   S = load_state(src) buffer=checkpoint
 //   S, R = fold(S, R)
 //   store_state(S) buffer=materialized
-extern "C" __global__ void __launch_bounds__(128, 4) materialize(
+extern "C" __global__ void __launch_bounds__(128, 8) materialize(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
     STATE_T* __restrict__ snapshots,
@@ -1290,7 +1317,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const float* __restrict__ tok_z,
     float* __restrict__ out,
     int rows,
-    int t_tok)
+    int t_tok,
+    int num_slots,
+    int num_pages)
 {
     const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -1300,6 +1329,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
+    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
