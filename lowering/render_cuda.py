@@ -481,8 +481,10 @@ def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
         "commit": "fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];",
     }[value]
     return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
-            "const int slot = slots[b];", "if (slot < 0 || slot >= num_slots) return;", "const int n = fill[slot];",
-            "(void)n; (void)num_pages;", update]
+            "const int slot = slots[b], src = src_page[b], dst = dst_page[b];",
+            "if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
+            "  // as the tiled kernels: a row they skip keeps its fill",
+            "const int n = fill[slot];", "(void)n;", update]
 
 
 TEMPLATES = {"replay": _render_replay, "recur": _render_recur, "fold": _render_fold, "copy": _render_copy,

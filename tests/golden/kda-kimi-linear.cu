@@ -796,10 +796,10 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
-    const int slot = slots[b];
-    if (slot < 0 || slot >= num_slots) return;
+    const int slot = slots[b], src = src_page[b], dst = dst_page[b];
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
     const int n = fill[slot];
-    (void)n; (void)num_pages;
+    (void)n;
     fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
 }
 
@@ -1182,10 +1182,10 @@ extern "C" __global__ void __launch_bounds__(128) commit(
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
-    const int slot = slots[b];
-    if (slot < 0 || slot >= num_slots) return;
+    const int slot = slots[b], src = src_page[b], dst = dst_page[b];
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
     const int n = fill[slot];
-    (void)n; (void)num_pages;
+    (void)n;
     fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];
 }
 
@@ -1374,10 +1374,10 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= rows) return;
-    const int slot = slots[b];
-    if (slot < 0 || slot >= num_slots) return;
+    const int slot = slots[b], src = src_page[b], dst = dst_page[b];
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
     const int n = fill[slot];
-    (void)n; (void)num_pages;
+    (void)n;
     fill[slot] = 0;
 }
 
