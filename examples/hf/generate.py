@@ -12,15 +12,11 @@ far). Exits 1 unless every run gives the model's own greedy tokens with logits w
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from test_hf_adapter import MODELS, suppressed  # noqa: E402  (the same small configurations the tests use)
-
-from replayssm_dsl.runtime.hf_adapter import (  # noqa: E402
-    NgramDrafter, PerturbedDrafter, replay_decoding, speculative_generate)
+from replayssm_dsl.runtime.hf_adapter import NgramDrafter, PerturbedDrafter, replay_decoding, speculative_generate
+from replayssm_dsl.runtime.hf_small_models import MODELS, suppressed  # the configurations the tests use
 
 
 def main(argv=None) -> int:
