@@ -1,9 +1,12 @@
 """Runtime layer: a small autotuner for the launch shape of the generated kernels, with a cached table.
 
-``tune_step`` times the replay step (mixed steady state, CUDA graph, median) of a scratch cache
-for each candidate ``LaunchConfig`` and records the fastest in a JSON table keyed by declaration
-fingerprint, shape, replay settings and batch size (``REPLAYSSM_AUTOTUNE_CACHE``). Caches consult
-the table before falling back to ``choose_launch``'s rule. Needs a GPU.
+Kernels come in two groups with a launch shape each: the replay group (step, flush, verify, commit,
+load, materialize) and the conventional baselines (``conventional_step``, ``snapshot_verify``), so
+the baseline is tuned as hard as what it is compared with. ``tune_step`` times one group's decode step
+(the replay step in the mixed steady state, or the conventional step; CUDA graph, median) on a
+scratch cache for each candidate ``LaunchConfig`` and records the fastest in a JSON table keyed by
+declaration fingerprint, shape, replay settings, batch size and group (``REPLAYSSM_AUTOTUNE_CACHE``).
+Caches consult the table before falling back to ``choose_launch``'s rule. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -30,10 +33,18 @@ def _usable(cache) -> bool:
         return False
 
 
-def table_key(program, rows: int) -> str:
+GROUPS = ("replay", "conventional")
+CONVENTIONAL_KERNELS = ("conventional_step", "snapshot_verify")
+
+
+def group_of(kernel: str) -> str:
+    return "conventional" if kernel in CONVENTIONAL_KERNELS else "replay"
+
+
+def table_key(program, rows: int, group: str = "replay") -> str:
     s, c = program.shape, program.config
     return (f"{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
-            f"{c.window},{c.max_drafts},{c.state_dtype}|{rows}")
+            f"{c.window},{c.max_drafts},{c.state_dtype}|{rows}" + ("" if group == "replay" else f"|{group}"))
 
 
 def load_table() -> dict:
@@ -44,13 +55,17 @@ def load_table() -> dict:
         return {}
 
 
-def lookup(program, rows: int) -> LaunchConfig | None:
-    entry = load_table().get(table_key(program, rows))
+def lookup(program, rows: int, group: str = "replay") -> LaunchConfig | None:
+    entry = load_table().get(table_key(program, rows, group))
     return LaunchConfig(**entry["launch"]) if entry else None
 
 
-def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20) -> tuple[LaunchConfig, dict]:
-    """Time every candidate on a scratch cache of ``rows`` slots; store and return the fastest."""
+def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
+              group: str = "replay") -> tuple[LaunchConfig, dict]:
+    """Time every candidate on a scratch cache of ``rows`` slots (the decode step of ``group``); store
+    and return the fastest."""
+    if group not in GROUPS:
+        raise ValueError(f"group: expected one of {GROUPS}, got {group!r}")
     import cupy as cp
 
     from replayssm_dsl.random_inputs import random_tokens
@@ -68,13 +83,16 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20) -> t
         batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
-        stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
+        if group == "replay":
+            stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
+        else:
+            stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", rows, batch, toks, out=out), 1)
         timings[launch] = time_graphs(cp, stream, graphs, reps)
         program = cache.program
         del cache
     best = min(timings, key=timings.get)
     table = load_table()
-    table[table_key(program, rows)] = {
+    table[table_key(program, rows, group)] = {
         "launch": {"warps": best.warps, "rows_per_warp": best.rows_per_warp, "max_registers": best.max_registers},
         "ms": {c.label: t for c, t in timings.items()}}
     path = knobs.autotune_cache()

@@ -15,6 +15,7 @@ from replayssm_dsl.errors import InputError
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
 
 from .cache_base import ReplayCacheBase
+from .autotune import group_of, lookup
 from .cuda_module import CompiledProgram, _cupy
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
@@ -28,7 +29,7 @@ class CudaReplayCache(ReplayCacheBase):
         self.cp, self.stream = cp, stream
         self.fixed_launch = launch
         self._compiled: dict[LaunchConfig, CompiledProgram] = {}
-        self._tuned: dict[int, LaunchConfig | None] = {}
+        self._tuned: dict[tuple[int, str], LaunchConfig | None] = {}
         self.compiled = self._compiled_for(1)
         self.buffers = {}
         for buf in self.program.buffers:
@@ -41,12 +42,13 @@ class CudaReplayCache(ReplayCacheBase):
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
 
-    def _compiled_for(self, rows: int) -> CompiledProgram:
-        """The module for a batch of ``rows``: a fixed launch if given, else ``choose_launch``."""
-        if rows not in self._tuned:
-            from .autotune import lookup
-            self._tuned[rows] = lookup(self.program, rows)
-        launch = self.fixed_launch or self._tuned[rows] or choose_launch(self.shape, rows)
+    def _compiled_for(self, rows: int, kernel: str = "replay_step") -> CompiledProgram:
+        """The module that runs ``kernel`` for a batch of ``rows``: a fixed launch if given, else the
+        autotuner's entry for the kernel's group (replay or conventional), else ``choose_launch``."""
+        key = (rows, group_of(kernel))
+        if key not in self._tuned:
+            self._tuned[key] = lookup(self.program, rows, key[1])
+        launch = self.fixed_launch or self._tuned[key] or choose_launch(self.shape, rows)
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)
         return self._compiled[launch]
@@ -118,7 +120,7 @@ class CudaReplayCache(ReplayCacheBase):
                 args.append(named[name])
             else:
                 args.append(self._dummy["state" if ctype == "STATE_T*" else "int" if "int" in ctype else "float"])
-        self._compiled_for(rows).launch_kernel(kernel, rows, tuple(args), self.stream)
+        self._compiled_for(rows, kernel).launch_kernel(kernel, rows, tuple(args), self.stream)
 
     def _to_storage(self, values):
         """float32 device values → the state buffer's storage (bf16 as round-to-nearest-even bits)."""
