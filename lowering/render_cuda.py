@@ -73,12 +73,15 @@ def _ids(f: Facts) -> list[str]:
 
 
 def _fill_lines(f: Facts) -> list[str]:
-    """The slot's buffer fill and the flush decision (after the null-slot return)."""
+    """Row checks (null slot; slot, pages, draft count or fill outside what the buffers hold: the row
+    touches nothing), then the slot's buffer fill and the flush decision."""
     lines = ["if (slot < 0) return;  // null slot: a padded row touches nothing",
              "if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
              "  // indices outside this cache: touch nothing (the runtime checks them where it can)"]
+    if f.drafts:
+        lines.append("if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold")
     if "load_fill" in f.stmts:
-        lines.append("int n = fill[slot];")
+        lines += ["int n = fill[slot];", "if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing"]
     elif f.family != "copy":
         lines.append("const int n = 0;")
     if "flush_rule" in f.stmts:
@@ -476,15 +479,17 @@ def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
 def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
     value = f.stmts["set_fill"].attr("value")
     update = {
-        "zero": "fill[slot] = 0;",
-        "advance": "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;",
-        "commit": "fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];",
+        "zero": ["fill[slot] = 0;"],
+        "advance": ["if (n < 0 || n > CAPACITY) return;", "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;"],
+        "commit": ["const int t = drafts[b], a = accepted[b];",
+                   "if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // as verify: no fill past capacity",
+                   "fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;"],
     }[value]
     return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
             "const int slot = slots[b], src = src_page[b], dst = dst_page[b];",
             "if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
             "  // as the tiled kernels: a row they skip keeps its fill",
-            "const int n = fill[slot];", "(void)n;", update]
+            "const int n = fill[slot];", "(void)n;"] + update
 
 
 TEMPLATES = {"replay": _render_replay, "recur": _render_recur, "fold": _render_fold, "copy": _render_copy,

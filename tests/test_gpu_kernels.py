@@ -223,7 +223,8 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
     S0 = random_state(shape, rng, (2,)).astype(np.float32)
     cache.load([0, 1], S0)
     twin.load([0, 1], S0)
-    bad = [(5, 1, 1), (1, 7, 1), (1, 1, 9), (2, 0, 0)]  # slot, src page, dst page: each outside [0, 2)
+    bad = [(5, 1, 1), (1, 7, 1), (1, 1, 9), (1, 2, 1), (1, 1, 2), (1, -1, 1), (1, 1, -1),
+           (2, 0, 0)]  # slot, src page, dst page: one of them outside [0, 2) (the last row is reused below)
     for step in range(6):  # through a flush (window 4)
         for slot, src, dst in bad:
             batch = {"slot": cp.asarray([0, slot], cp.int32), "src_page": cp.asarray([0, src], cp.int32),
@@ -241,6 +242,23 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
         assert_close(out[:1, 0], want, 1e-6, f"valid row beside an out-of-range one, step {step}")
         assert bool(cp.isnan(out[1]).all())
     assert np.array_equal(cache.fills(), twin.fills())
+    # draft counts the buffers cannot hold (0, or more than max_drafts), and accepted > drafted
+    T = config.max_drafts + 1
+    toks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2, T)).items()}
+    for drafts, accepted in (([0, 1], [0, 0]), ([T, 1], [0, 0]), ([2, 1], [3, 0])):
+        batch = {"slot": cp.asarray([0, 1], cp.int32), "src_page": cp.asarray([0, 1], cp.int32),
+                 "dst_page": cp.asarray([0, 1], cp.int32), "drafts": cp.asarray(drafts, cp.int32),
+                 "accepted": cp.asarray(accepted, cp.int32)}
+        before = {k: v.copy() for k, v in cache.buffers.items()}
+        out = cp.full((2, T, shape.heads, shape.v_dim), np.nan, cp.float32)
+        cache.launch_verify(dict(batch, slot=cp.asarray([0, -1], cp.int32)), toks, out)
+        cache.launch_commit(dict(batch, slot=cp.asarray([0, -1], cp.int32)))
+        if drafts[0] != 2:  # a verify of 0 or T_max + 1 drafts touches nothing
+            assert bool(cp.isnan(out).all())
+            for key, value in cache.buffers.items():
+                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed for drafts {drafts}"
+        else:  # a valid verify, then a commit of more than it drafted: the fill stays put
+            assert np.array_equal(cache.fills(), to_host(before["fill"]))
 
 
 def test_gpu_torch_tensors_and_stream_without_copies():
@@ -272,7 +290,7 @@ def _launch_shapes():
     return list(dict.fromkeys(CANDIDATES + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
 
 
-@pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: f"{c.warps}x{c.rows_per_warp}")
+@pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
     """Every launch shape the autotuner or the rule may pick (V = 80 leaves partial tiles)."""

@@ -384,6 +384,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) snapshot_verify(
     __shared__ float sh_gate[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -523,6 +524,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) replay_step(
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
     const bool flush = n + 1 >= WINDOW;
     int page = src;
     float s[RPW][KE];
@@ -733,6 +735,7 @@ extern "C" __global__ void __launch_bounds__(128) advance_fill(
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
     const int n = fill[slot];
     (void)n;
+    if (n < 0 || n > CAPACITY) return;
     fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
 }
 
@@ -783,7 +786,9 @@ extern "C" __global__ void __launch_bounds__(128, 8) flush_for_verify(
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
     int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
@@ -904,7 +909,9 @@ extern "C" __global__ void __launch_bounds__(128, 8) verify(
     __shared__ float sh_gate[TMAX * BV];
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
     int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
     const bool flush = n + t > CAPACITY;
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
@@ -1091,7 +1098,9 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
     const int n = fill[slot];
     (void)n;
-    fill[slot] = ((n + drafts[b] > CAPACITY) ? 0 : n) + accepted[b];
+    const int t = drafts[b], a = accepted[b];
+    if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // as verify: no fill past capacity
+    fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;
 }
 
 // kernel flush grid=(VT, HV, B)  # fold every record into the checkpoint
@@ -1140,6 +1149,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) flush(
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
@@ -1331,6 +1341,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) materialize(
     if (slot < 0) return;  // null slot: a padded row touches nothing
     if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
     int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
