@@ -16,6 +16,7 @@ import json
 import numpy as np
 
 from replayssm_dsl import knobs
+from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering.launch import LaunchConfig
 
 from .benchmark import capture_graphs, time_graphs
@@ -29,7 +30,7 @@ def _usable(cache) -> bool:
     import cupy as cp
     try:
         return not cache.compiled.local_memory()
-    except cp.cuda.compiler.CompileException:
+    except (cp.cuda.compiler.CompileException, cp.cuda.driver.CUDADriverError):
         return False
 
 
@@ -90,6 +91,9 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         timings[launch] = time_graphs(cp, stream, graphs, reps)
         program = cache.program
         del cache
+    if not timings:
+        raise LoweringError(f"no launch candidate of {[c.label for c in CANDIDATES]} builds without spills for "
+                            f"{decl.name!r} at {shape}")
     best = min(timings, key=timings.get)
     table = load_table()
     table[table_key(program, rows, group)] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replayssm_dsl.errors import InputError
+from replayssm_dsl.errors import InputError, LoweringError
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
 
 from .cache_base import ReplayCacheBase
@@ -30,6 +30,7 @@ class CudaReplayCache(ReplayCacheBase):
         self.fixed_launch = launch
         self._compiled: dict[LaunchConfig, CompiledProgram] = {}
         self._tuned: dict[tuple[int, str], LaunchConfig | None] = {}
+        self._fitting: dict[int, LaunchConfig] = {}
         self.compiled = self._compiled_for(1)
         self.buffers = {}
         for buf in self.program.buffers:
@@ -48,10 +49,38 @@ class CudaReplayCache(ReplayCacheBase):
         key = (rows, group_of(kernel))
         if key not in self._tuned:
             self._tuned[key] = lookup(self.program, rows, key[1])
-        launch = self.fixed_launch or self._tuned[key] or choose_launch(self.shape, rows)
+        launch = self.fixed_launch or self._tuned[key]
+        if launch is None:
+            launch = self._fitting_launch(rows)
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)
         return self._compiled[launch]
+
+    def _fitting_launch(self, rows: int) -> LaunchConfig:
+        """``choose_launch``'s shape, or a smaller one when its kernels do not fit in 48 KiB of static
+        shared memory or spill to local memory (a declaration with more per-token fields than the
+        built-ins); a shape that spills is used only when none builds clean. Remembered per ``rows``."""
+        if rows in self._fitting:
+            return self._fitting[rows]
+        fallbacks = [choose_launch(self.shape, rows), LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 2)]
+        spilling = None
+        for launch in dict.fromkeys(fallbacks):
+            compiled = self._compiled.get(launch) or CompiledProgram(self.program, launch)
+            try:
+                spills = compiled.local_memory()
+            except (self.cp.cuda.compiler.CompileException, self.cp.cuda.driver.CUDADriverError):
+                continue  # NVRTC or the module load refused it (e.g. too much shared memory)
+            self._compiled[launch] = compiled
+            if not spills:
+                break
+            spilling = spilling or launch
+        else:
+            if spilling is None:
+                raise LoweringError(f"no launch shape of {fallbacks} builds for {self.program.declaration.name!r} "
+                                    f"at {self.shape} (static shared memory is limited to 48 KiB per CTA)")
+            launch = spilling
+        self._fitting[rows] = launch
+        return launch
 
     @property
     def source(self) -> str:
