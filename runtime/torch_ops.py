@@ -91,6 +91,11 @@ def _bind(c: TorchReplayCache, state: list) -> None:
         if given.shape != own.shape or given.dtype != own.dtype or given.device.type != own.device.type:
             raise InputError(f"state[{i}] ({name}): expected {list(own.shape)} {own.dtype} on {own.device.type}, got "
                              f"{list(given.shape)} {given.dtype} on {given.device.type}")
+        if not given.is_contiguous():
+            raise InputError(f"state[{i}] ({name}): must be contiguous, got strides {list(given.stride())}")
+        if given.device.type == "cuda" and given.data_ptr() % 16:
+            raise InputError(f"state[{i}] ({name}): must start on a 16-byte boundary (the kernels use 16-byte "
+                             f"loads), got address {given.data_ptr():#x}")
     if c.device.type == "cuda":
         import cupy as cp
         # __cuda_array_interface__, not DLPack: DLPack's exchange makes CuPy's stream wait on torch's,

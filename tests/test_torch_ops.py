@@ -133,6 +133,9 @@ def test_state_of_another_cache_is_refused_naming_it():
     wrong = [torch.zeros(2, 3)] + list(a.state[1:])
     with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): expected \[3, 4, 16, 32\] torch.float32"):
         torch.ops.replayssm.step(a.key, wrong, slot, slot, slot, toks)
+    strided = [torch.zeros(3, 4, 32, 16).transpose(-1, -2)] + list(a.state[1:])  # the right shape, not contiguous
+    with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): must be contiguous"):
+        torch.ops.replayssm.step(a.key, strided, slot, slot, slot, toks)
     assert all(torch.equal(x, y) for x, y in zip(before, b.state))
 
 
