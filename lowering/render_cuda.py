@@ -72,16 +72,20 @@ def _ids(f: Facts) -> list[str]:
     ]
 
 
+# Row checks every kernel makes (C conditions): a row that fails one touches nothing.
+OUTSIDE_CACHE = "slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages"
+DRAFTS_UNHELD = "t < 1 || t > TMAX"  # a draft count the buffers cannot hold
+FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
+
+
 def _fill_lines(f: Facts) -> list[str]:
     """Row checks (null slot; slot, pages, draft count or fill outside what the buffers hold: the row
     touches nothing), then the slot's buffer fill and the flush decision."""
-    lines = ["if (slot < 0) return;  // null slot: a padded row touches nothing",
-             "if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
-             "  // indices outside this cache: touch nothing (the runtime checks them where it can)"]
+    lines = [f"if ({OUTSIDE_CACHE}) return;  // a null slot (padded row), or indices outside this cache"]
     if f.drafts:
-        lines.append("if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold")
+        lines.append(f"if ({DRAFTS_UNHELD} || t > t_tok) return;")
     if "load_fill" in f.stmts:
-        lines += ["int n = fill[slot];", "if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing"]
+        lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) return;"]
     elif f.family != "copy":
         lines.append("const int n = 0;")
     if "flush_rule" in f.stmts:
@@ -480,15 +484,14 @@ def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
     value = f.stmts["set_fill"].attr("value")
     update = {
         "zero": ["fill[slot] = 0;"],
-        "advance": ["if (n < 0 || n > CAPACITY) return;", "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;"],
+        "advance": [f"if ({FILL_UNHELD}) return;", "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;"],
         "commit": ["const int t = drafts[b], a = accepted[b];",
-                   "if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // as verify: no fill past capacity",
+                   f"if ({DRAFTS_UNHELD} || a < 0 || a > t || {FILL_UNHELD}) return;  // no fill past capacity",
                    "fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;"],
     }[value]
     return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
             "const int slot = slots[b], src = src_page[b], dst = dst_page[b];",
-            "if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;"
-            "  // as the tiled kernels: a row they skip keeps its fill",
+            f"if ({OUTSIDE_CACHE}) return;  // as the tiled kernels: a row they skip keeps its fill",
             "const int n = fill[slot];", "(void)n;"] + update
 
 

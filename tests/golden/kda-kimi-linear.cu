@@ -249,8 +249,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ float sh_beta[1];
     __shared__ __align__(16) float sh_g[1 * K];
     __shared__ float sh_value[1 * BV];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -397,9 +396,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ float sh_beta[TMAX];
     __shared__ __align__(16) float sh_g[TMAX * K];
     __shared__ float sh_value[TMAX * BV];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
-    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    if (t < 1 || t > TMAX || t > t_tok) return;
     const int n = 0;
     float s[RPW][KE];
     #pragma unroll
@@ -557,10 +555,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_G[NREC * K];
     __shared__ float sh_ed[K];
     __shared__ float sh_value[1 * BV];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
+    if (n < 0 || n > CAPACITY) return;
     const bool flush = n + 1 >= WINDOW;
     int page = src;
     float s[RPW][KE];
@@ -850,11 +847,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const int src = src_page[b], dst = dst_page[b];
     const int t = drafts[b];
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
-    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    if (t < 1 || t > TMAX || t > t_tok) return;
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
+    if (n < 0 || n > CAPACITY) return;
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
@@ -974,11 +970,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_G[NREC * K];
     __shared__ float sh_ed[K];
     __shared__ float sh_value[TMAX * BV];
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
-    if (t < 1 || t > TMAX || t > t_tok) return;  // a draft count the buffers cannot hold
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    if (t < 1 || t > TMAX || t > t_tok) return;
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
+    if (n < 0 || n > CAPACITY) return;
     const bool flush = n + t > CAPACITY;
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
@@ -1194,7 +1189,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     const int n = fill[slot];
     (void)n;
     const int t = drafts[b], a = accepted[b];
-    if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // as verify: no fill past capacity
+    if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // no fill past capacity
     fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;
 }
 
@@ -1240,10 +1235,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
+    if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
@@ -1338,8 +1332,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
         const int row = v0 + warp * RPW + r;
@@ -1433,10 +1426,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int src = src_page[b], dst = dst_page[b];
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
-    if (slot < 0) return;  // null slot: a padded row touches nothing
-    if (slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // indices outside this cache: touch nothing (the runtime checks them where it can)
+    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;  // a fill no kernel writes: touch nothing
+    if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ __align__(16) float sh_G[NREC * K];
