@@ -25,15 +25,6 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64))
 
 
-def _usable(cache) -> bool:
-    """The candidate's module builds (shared memory fits) and no kernel spills to local memory."""
-    import cupy as cp
-    try:
-        return not cache.compiled.local_memory()
-    except (cp.cuda.compiler.CompileException, cp.cuda.driver.CUDADriverError):
-        return False
-
-
 GROUPS = ("replay", "conventional")
 CONVENTIONAL_KERNELS = ("conventional_step", "snapshot_verify")
 
@@ -77,8 +68,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
     rng = np.random.default_rng(0)
     for launch in CANDIDATES:
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
-        if not _usable(cache):
-            continue
+        if cache.compiled.local_memory() != {}:
+            continue  # does not build, or spills
         cache.buffers["checkpoint"][...] = 0.01
         cache.buffers["fill"][...] = cp.arange(rows, dtype=cp.int32) % config.window
         batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}

@@ -46,15 +46,16 @@ class CudaReplayCache(ReplayCacheBase):
     def _compiled_for(self, rows: int, kernel: str = "replay_step") -> CompiledProgram:
         """The module that runs ``kernel`` for a batch of ``rows``: a fixed launch if given, else the
         autotuner's entry for the kernel's group (replay or conventional), else ``choose_launch``."""
-        key = (rows, group_of(kernel))
-        if key not in self._tuned:
-            self._tuned[key] = lookup(self.program, rows, key[1])
-        launch = self.fixed_launch or self._tuned[key]
-        if launch is None:
-            launch = self._fitting_launch(rows)
+        launch = self.fixed_launch or self._tuned_launch(rows, group_of(kernel)) or self._fitting_launch(rows)
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)
         return self._compiled[launch]
+
+    def _tuned_launch(self, rows: int, group: str) -> LaunchConfig | None:
+        """The autotuner's table entry, read once per batch size and kernel group."""
+        if (rows, group) not in self._tuned:
+            self._tuned[rows, group] = lookup(self.program, rows, group)
+        return self._tuned[rows, group]
 
     def _fitting_launch(self, rows: int) -> LaunchConfig:
         """``choose_launch``'s shape, or a smaller one when its kernels do not fit in 48 KiB of static
@@ -66,10 +67,9 @@ class CudaReplayCache(ReplayCacheBase):
         spilling = None
         for launch in dict.fromkeys(fallbacks):
             compiled = self._compiled.get(launch) or CompiledProgram(self.program, launch)
-            try:
-                spills = compiled.local_memory()
-            except (self.cp.cuda.compiler.CompileException, self.cp.cuda.driver.CUDADriverError):
-                continue  # NVRTC or the module load refused it (e.g. too much shared memory)
+            spills = compiled.local_memory()
+            if spills is None:
+                continue  # does not build (e.g. too much shared memory)
             self._compiled[launch] = compiled
             if not spills:
                 break

@@ -80,9 +80,15 @@ class CompiledProgram:
         path.write_text(self.source)
         return path
 
-    def local_memory(self) -> dict:
-        """Kernel name → bytes of local memory per thread (spills or stack); empty when there is none."""
-        sizes = {k.name: self.kernel(k.name).attributes["local_size_bytes"] for k in self.program.kernels}
+    def local_memory(self) -> dict | None:
+        """Kernel name → bytes of local memory per thread (spills or stack), empty when there is none;
+        ``None`` when the module does not build (NVRTC or the module load refuses it, e.g. more than
+        48 KiB of static shared memory)."""
+        cupy = _cupy()
+        try:
+            sizes = {k.name: self.kernel(k.name).attributes["local_size_bytes"] for k in self.program.kernels}
+        except (cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError):
+            return None
         return {name: size for name, size in sizes.items() if size}
 
     def kernel(self, name: str):
