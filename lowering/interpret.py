@@ -213,6 +213,18 @@ class Interpreter:
             vals.append(int(bufs["drafts"][b]))
         return tuple(vals)
 
+    def _row_unheld(self, bufs, env, op: str) -> bool:
+        """The generated kernels' row checks (render_cuda's OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD),
+        made after ``row`` and ``load_fill``: a row that fails one touches nothing. ``bufs["t_tok"]``
+        is the launch's token count T, as the kernels' ``t_tok`` argument."""
+        cfg = self.p.config
+        if op == "row":
+            slots, pages = bufs["fill"].shape[0], bufs["checkpoint"].shape[0]
+            if not (0 <= env["slot"] < slots and 0 <= env["src"] < pages and 0 <= env["dst"] < pages):
+                return True
+            return "t" in env and not 1 <= env["t"] <= min(cfg.max_drafts, int(bufs.get("t_tok", 1)))
+        return op == "load_fill" and not 0 <= env["n"] <= cfg.capacity
+
     def op_load_fill(self, bufs, b, env, stmt):
         return (int(bufs["fill"][env["slot"]]),)
 
@@ -229,8 +241,11 @@ class Interpreter:
         elif value == "advance":
             bufs["fill"][slot] = 0 if step_flushes(n, cfg.window) else n + 1
         else:  # commit: the buffer was folded before verify where n + t > capacity
+            accepted = int(bufs["accepted"][b])
+            if not 0 <= accepted <= env["t"]:
+                return ()  # accepted outside [0, drafts]: the fill stays put
             base = 0 if verify_flushes(n, env["t"], cfg.window, cfg.max_drafts) else n
-            bufs["fill"][slot] = base + int(bufs["accepted"][b])
+            bufs["fill"][slot] = base + accepted
         return ()
 
     # --- driver --------------------------------------------------------------------------------------
@@ -242,8 +257,8 @@ class Interpreter:
                 continue
             results = getattr(self, f"op_{stmt.op}")(bufs, b, env, stmt)
             env.update(zip(stmt.outs, results))
-            if stmt.op == "row" and env["slot"] < 0:
-                return  # null slot: padding rows touch nothing
+            if stmt.op in ("row", "load_fill") and self._row_unheld(bufs, env, stmt.op):
+                return  # a null slot (padded row), or indices, draft count or fill outside the buffers
 
     def run(self, kernel: Kernel | str, bufs: dict[str, np.ndarray], rows: int) -> None:
         kernel = self.p.kernel(kernel) if isinstance(kernel, str) else kernel

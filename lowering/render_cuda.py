@@ -74,7 +74,7 @@ def _ids(f: Facts) -> list[str]:
 
 # Row checks every kernel makes (C conditions): a row that fails one touches nothing.
 OUTSIDE_CACHE = "slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages"
-DRAFTS_UNHELD = "t < 1 || t > TMAX"  # a draft count the buffers cannot hold
+DRAFTS_UNHELD = "t < 1 || t > TMAX || t > t_tok"  # a draft count the buffers or the tokens cannot hold
 FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
 
 
@@ -83,7 +83,7 @@ def _fill_lines(f: Facts) -> list[str]:
     touches nothing), then the slot's buffer fill and the flush decision."""
     lines = [f"if ({OUTSIDE_CACHE}) return;  // a null slot (padded row), or indices outside this cache"]
     if f.drafts:
-        lines.append(f"if ({DRAFTS_UNHELD} || t > t_tok) return;")
+        lines.append(f"if ({DRAFTS_UNHELD}) return;")
     if "load_fill" in f.stmts:
         lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) return;"]
     elif f.family != "copy":

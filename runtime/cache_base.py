@@ -119,18 +119,18 @@ class ReplayCacheBase:
             raise InputError(f"drafts[{i}] = {batch['drafts'][i]} but tokens hold only T = {t} drafts")
         toks = self._check_tokens(tokens, rows, t)
         out = self._output(out, (rows, t, self.shape.heads, self.shape.v_dim), "out")
-        self._launch("flush_for_verify", rows, batch)
+        self._launch("flush_for_verify", rows, batch, t_tok=t)
         self._launch("verify", rows, batch, toks, out=out)
-        self._last_verify = batch
+        self._last_verify = batch, t
         return out
 
     def commit(self, accepted):
         """Accept ``accepted[b]`` of the last verify's drafts per row: a pointer move."""
         if self._last_verify is None:
             raise InputError("commit: no verify to commit (each verify is committed once, before the next step)")
-        batch = dict(self._last_verify)
+        batch, t = dict(self._last_verify[0]), self._last_verify[1]
         batch["accepted"] = check_accepted(accepted, batch["slot"], batch["drafts"])
-        self._launch("commit", batch["slot"].shape[0], batch)
+        self._launch("commit", batch["slot"].shape[0], batch, t_tok=t)
         self._last_verify = None
 
     def flush(self, slots, *, src_pages=None, dst_pages=None):
@@ -215,7 +215,11 @@ class ReplayCacheBase:
     def _output(self, out, shape, name, dtype="float32"):
         raise NotImplementedError
 
-    def _launch(self, kernel: str, rows: int, batch: dict, tokens: dict | None = None, **arrays):
+    def _launch(self, kernel: str, rows: int, batch: dict, tokens: dict | None = None, *,
+                t_tok: int | None = None, **arrays):
+        """Run one generated kernel over ``rows`` batch rows. ``t_tok`` is the token count T the kernel's
+        rows are checked against (default: the tokens' T, else 1); every kernel of one verify gets the
+        same T, so a row whose draft count exceeds it is skipped by all of them."""
         raise NotImplementedError
 
     def _store_conventional(self, batch: dict, states) -> None:

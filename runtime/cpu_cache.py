@@ -45,10 +45,11 @@ class CpuReplayCache(ReplayCacheBase):
             raise InputError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
         return out
 
-    def _launch(self, kernel, rows, batch, tokens=None, **arrays):
+    def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         bufs = dict(self.buffers)
         bufs.update(batch)
         bufs.update({k: np.asarray(v, self.compute) for k, v in (tokens or {}).items()})
+        bufs["t_tok"] = t_tok or next((int(np.shape(v)[1]) for v in (tokens or {}).values()), 1)
         for name, arr in arrays.items():
             bufs["out" if name == "out" else name] = arr
         self.interpreter.run(kernel, bufs, rows)

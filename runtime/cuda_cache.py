@@ -117,13 +117,13 @@ class CudaReplayCache(ReplayCacheBase):
     def _device_batch(self, batch: dict) -> dict:
         return {k: self.cp.asarray(v, dtype=self.cp.int32) for k, v in batch.items()}
 
-    def _launch(self, kernel, rows, batch, tokens=None, **arrays):
+    def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
-        t_tok = 1
         toks = {}
         for name, value in (tokens or {}).items():
             toks[name] = self._device(value, f"tokens[{name!r}]")
-            t_tok = int(toks[name].shape[1])
+            t_tok = t_tok or int(toks[name].shape[1])
+        t_tok = t_tok or 1
         named = {**self.buffers}
         for name, value in arrays.items():
             named[name] = self._device(value, name, STORAGE[self.config.state_dtype] if name == "snapshots" else np.float32)
@@ -181,9 +181,15 @@ class CudaReplayCache(ReplayCacheBase):
         self._launch("advance_fill", rows, batch)
 
     def launch_verify(self, batch: dict, tokens: dict, out) -> None:
+        """``tokens[name]``: device ``[B, T, ...]``; ``out``: ``[B, T, HV, V]``. A row whose draft count is
+        outside [1, min(T, T_max)] is skipped by both kernels (its buffer is neither folded nor written)."""
         rows = int(batch["slot"].shape[0])
-        self._launch("flush_for_verify", rows, batch)
+        t = int(next(iter(tokens.values())).shape[1])
+        self._launch("flush_for_verify", rows, batch, t_tok=t)
         self._launch("verify", rows, batch, tokens, out=out)
 
-    def launch_commit(self, batch: dict) -> None:
-        self._launch("commit", int(batch["slot"].shape[0]), batch)
+    def launch_commit(self, batch: dict, t_tok: int | None = None) -> None:
+        """Commit ``batch["accepted"]`` of the verify launched with the same ``batch``. ``t_tok``: that
+        verify's T, so rows it skipped are skipped here too (default ``max_drafts``: rows are then
+        checked only against the buffers)."""
+        self._launch("commit", int(batch["slot"].shape[0]), batch, t_tok=t_tok or self.config.max_drafts)

@@ -1189,7 +1189,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     const int n = fill[slot];
     (void)n;
     const int t = drafts[b], a = accepted[b];
-    if (t < 1 || t > TMAX || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // no fill past capacity
+    if (t < 1 || t > TMAX || t > t_tok || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // no fill past capacity
     fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;
 }
 
