@@ -22,7 +22,8 @@ from replayssm_dsl.lowering.launch import LaunchConfig
 from .benchmark import capture_graphs, time_graphs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
-              LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64))
+              LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
+              LaunchConfig(4, 10), LaunchConfig(8, 10))  # 40- and 80-row CTAs: no rows wasted at V = 80
 
 
 GROUPS = ("replay", "conventional")

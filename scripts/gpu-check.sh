@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
-# Usage (device tool): bash scripts/gpu-check.sh [tests|sanitize|examples|bench|all]   (default: all)
+# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] | all   (default: all)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-what=${1:-all}
+what=" ${*:-all} "
+wants() { [[ $what == *" all "* || $what == *" $1 "* ]]; }
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
@@ -12,18 +13,18 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 nvidia-smi -L
 summary=()
-if [[ $what == all || $what == tests ]]; then
+if wants tests; then
   python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
 fi
-if [[ $what == all || $what == sanitize ]]; then
+if wants sanitize; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py > "$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)")
   done
 fi
-if [[ $what == all || $what == examples ]]; then
+if wants examples; then
   for ex in examples/*.py; do
     python3 "$ex" --backend cuda > "$OUT/example-$(basename "$ex" .py).log" 2>&1
     rc=$?
@@ -33,7 +34,14 @@ if [[ $what == all || $what == examples ]]; then
   rc=$?
   summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 "$OUT/check.log")")
 fi
-if [[ $what == all || $what == bench ]]; then
+if wants hf; then
+  for ex in mamba2 qwen3_next kimi_linear; do
+    python3 examples/hf/$ex.py --device cuda > "$OUT/hf-$ex.log" 2>&1
+    rc=$?
+    summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 "$OUT/hf-$ex.log")")
+  done
+fi
+if wants bench; then
   python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 echo "==================== summary ===================="
