@@ -1,9 +1,11 @@
 """Runtime layer: a small autotuner for the launch shape of the generated kernels, with a cached table.
 
-Kernels come in two groups with a launch shape each: the replay group (step, flush, verify, commit,
-load, materialize) and the conventional baselines (``conventional_step``, ``snapshot_verify``), so
-the baseline is tuned as hard as what it is compared with. ``tune_step`` times one group's decode step
-(the replay step in the mixed steady state, or the conventional step; CUDA graph, median) on a
+Kernels come in three groups with a launch shape each: the replay group (step, flush, load,
+materialize), the verify group (``flush_for_verify``, ``verify``: more head-level work per tile, so
+they favour larger tiles) and the conventional baselines (``conventional_step``, ``snapshot_verify``),
+so the baseline is tuned as hard as what it is compared with. ``tune_step`` times one group's decode
+step (the replay step in the mixed steady state, verify of ``max_drafts`` tokens with its commit, or
+the conventional step; CUDA graph, median) on a
 scratch cache for each candidate ``LaunchConfig`` and records the fastest in a JSON table keyed by
 declaration fingerprint, shape, replay settings, batch size and group (``REPLAYSSM_AUTOTUNE_CACHE``).
 Caches consult the table before falling back to ``choose_launch``'s rule. Needs a GPU.
@@ -26,12 +28,16 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 10), LaunchConfig(8, 10))  # 40- and 80-row CTAs: no rows wasted at V = 80
 
 
-GROUPS = ("replay", "conventional")
+GROUPS = ("replay", "verify", "conventional")
+VERIFY_KERNELS = ("flush_for_verify", "verify")
 CONVENTIONAL_KERNELS = ("conventional_step", "snapshot_verify")
 
 
 def group_of(kernel: str) -> str:
-    return "conventional" if kernel in CONVENTIONAL_KERNELS else "replay"
+    """The tuning group whose launch shape runs ``kernel`` (fill kernels have no tiles: any group)."""
+    if kernel in CONVENTIONAL_KERNELS:
+        return "conventional"
+    return "verify" if kernel in VERIFY_KERNELS else "replay"
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
@@ -78,6 +84,16 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":
             stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
+        elif group == "verify":
+            t = config.max_drafts
+            drafts = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows, t)).items()}
+            vb = dict(batch, drafts=cp.full(rows, t, cp.int32), accepted=cp.zeros(rows, cp.int32))
+            outt = cp.empty((rows, t, shape.heads, shape.v_dim), cp.float32)
+
+            def verify_commit(i, vb=vb, drafts=drafts, outt=outt, cache=cache):
+                cache.launch_verify(vb, drafts, outt)
+                cache.launch_commit(vb, t)
+            stream, graphs = capture_graphs(cp, verify_commit, 1)
         else:
             stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", rows, batch, toks, out=out), 1)
         timings[launch] = time_graphs(cp, stream, graphs, reps)

@@ -158,6 +158,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     rng = np.random.default_rng(0)
     params = random_params(decl, shape, rng)
     launch, tuning = tune_step(decl, shape, config, params, batch)
+    verify_launch, verify_tuning = tune_step(decl, shape, config, params, batch, group="verify")
     conv_launch, conv_tuning = tune_step(decl, shape, config, params, batch, group="conventional")
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     L, HV, V, K = config.window, shape.heads, shape.v_dim, shape.k_dim
@@ -172,7 +173,9 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     res = {"preset": preset_name, "variant": p.variant, "B": batch,
-           "launch": f"{launch.label}; conv {conv_launch.label}", "tuning_ms": {k.label: v for k, v in tuning.items()},
+           "launch": f"{launch.label}; ver {verify_launch.label}; conv {conv_launch.label}",
+           "tuning_ms": {k.label: v for k, v in tuning.items()},
+           "verify_tuning_ms": {k.label: v for k, v in verify_tuning.items()},
            "conventional_tuning_ms": {k.label: v for k, v in conv_tuning.items()}}
 
     stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
@@ -189,7 +192,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
 
         def verify_commit(i, toks=toks, vb=vb, outt=outt):
             cache.launch_verify(vb, toks[i], outt)
-            cache.launch_commit(vb)
+            cache.launch_commit(vb, t)
         stream, graphs = capture_graphs(cp, verify_commit, 2)
         res[f"verify_T{t}"] = time_graphs(cp, stream, graphs, reps)
     t = 8

@@ -45,7 +45,7 @@ class CudaReplayCache(ReplayCacheBase):
 
     def _compiled_for(self, rows: int, kernel: str = "replay_step") -> CompiledProgram:
         """The module that runs ``kernel`` for a batch of ``rows``: a fixed launch if given, else the
-        autotuner's entry for the kernel's group (replay or conventional), else ``choose_launch``."""
+        autotuner's entry for the kernel's group (replay, verify or conventional), else ``choose_launch``."""
         launch = self.fixed_launch or self._tuned_launch(rows, group_of(kernel)) or self._fitting_launch(rows)
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)

@@ -23,6 +23,7 @@ def test_groups_of_kernels(program):
     assert {autotune.group_of(k.name) for k in program.kernels} == set(autotune.GROUPS)
     assert [k.name for k in program.kernels if autotune.group_of(k.name) == "conventional"] == \
         ["conventional_step", "snapshot_verify"]
+    assert [k.name for k in program.kernels if autotune.group_of(k.name) == "verify"] == ["flush_for_verify", "verify"]
 
 
 def test_lookup_reads_each_group_and_batch_separately(program, tmp_path, monkeypatch):

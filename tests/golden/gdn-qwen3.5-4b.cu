@@ -692,7 +692,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
                 #pragma unroll
                 for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];
                 if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;  // the fold reads draft j's record from lane n + j
+                if (lane == n + j) wv[r] = w;  // the fold reads the token's record from lane n
                 if (!flush) {
                     if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
                 }
@@ -1069,36 +1069,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int rr = warp * RPW + r, row = v0 + rr;
-        float part[16];
+    for (int j = 0; j < t; ++j) {
         #pragma unroll
-        for (int j = 0; j < 16; ++j) part[j] = 0.f;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (j < t) {
-                part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
-                part[8 + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
-            }
-        }
-        warp_sum_all(part, lane);
-        float wd[8];
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (j < t) {
-                float pk = part[8 + j];
-                #pragma unroll
-                for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                wd[j] = w;
-                float o = part[j] + w * sh_sq[j * NREC + n + j];
-                #pragma unroll
-                for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];
-                if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;  // the fold reads draft j's record from lane n + j
-                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-            }
+        for (int r = 0; r < RPW; ++r) {
+            const int rr = warp * RPW + r, row = v0 + rr;
+            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here
+            if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
         }
     }
 }
