@@ -1,0 +1,93 @@
+"""The CPU backend makes the generated kernels' row checks (lowering/interpret.py mirrors
+render_cuda's OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD): batch arrays that bypass the host checks
+(as on the graph path) skip the rows the kernels skip, touching no buffer and no output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+
+SHAPE, CONFIG = ModelShape(4, 2, 16, 8), ReplayConfig(window=4, max_drafts=2)
+
+
+def _loaded(name: str, seed: int) -> tuple[CpuReplayCache, np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    decl = variants.get(name)
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=2, params=random_params(decl, SHAPE, rng))
+    cache.load([0, 1], random_state(SHAPE, rng, (2,)))
+    return cache, rng
+
+
+def _batch(slot, src, dst, drafts=1, accepted=0) -> dict:
+    return {k: np.asarray(v, np.int32) for k, v in
+            {"slot": [slot], "src_page": [src], "dst_page": [dst], "drafts": [drafts], "accepted": [accepted]}.items()}
+
+
+def _snapshot(cache) -> dict:
+    return {k: v.copy() for k, v in cache.buffers.items()}
+
+
+def _assert_untouched(cache, before, what):
+    for key, value in cache.buffers.items():
+        assert np.array_equal(before[key], value, equal_nan=True), f"{key} changed: {what}"
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+@pytest.mark.parametrize("row", [(2, 0, 0), (0, 2, 0), (0, 0, 2), (-1, 0, 0), (0, -1, 0), (0, 0, -1), (1, 0, 9)])
+def test_rows_outside_the_cache_touch_nothing(name, row):
+    cache, rng = _loaded(name, 3)
+    for _ in range(CONFIG.window + 1):  # every fill, through a flush
+        before = _snapshot(cache)
+        toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
+        out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
+        cache._launch("replay_step", 1, _batch(*row), toks, out=out)
+        cache._launch("advance_fill", 1, _batch(*row))
+        _assert_untouched(cache, before, f"step of row {row}")
+        assert np.isnan(out).all(), "a skipped row wrote its output"
+        cache.step([0], {k: v[:, 0] for k, v in toks.items()})  # move slot 0 to its next fill
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+@pytest.mark.parametrize("drafts,t_tok", [(0, 2), (3, 3), (2, 1)])  # none; past T_max; past the tokens' T
+def test_draft_counts_the_buffers_or_tokens_cannot_hold_touch_nothing(name, drafts, t_tok):
+    cache, rng = _loaded(name, 4)
+    for _ in range(CONFIG.capacity):  # every fill, some where verify would fold first
+        before = _snapshot(cache)
+        toks = random_tokens(cache.decl, SHAPE, rng, (1, t_tok))
+        out = cache.poisoned((1, t_tok, SHAPE.heads, SHAPE.v_dim))
+        batch = _batch(0, 0, 0, drafts=drafts, accepted=min(drafts, 1))
+        cache._launch("flush_for_verify", 1, batch, t_tok=t_tok)
+        cache._launch("verify", 1, batch, toks, out=out)
+        cache._launch("commit", 1, batch, t_tok=t_tok)
+        _assert_untouched(cache, before, f"verify of {drafts} drafts with T = {t_tok}")
+        assert np.isnan(out).all(), "a skipped row wrote its output"
+        cache.step([0], random_tokens(cache.decl, SHAPE, rng, (1,)))
+
+
+def test_accepted_past_drafts_or_negative_keeps_the_fill():
+    cache, rng = _loaded("gdn", 5)
+    for accepted in (3, -1):
+        toks = random_tokens(cache.decl, SHAPE, rng, (1, 2))
+        cache.verify([0], toks, [2])
+        fills = cache.fills()
+        batch = _batch(0, 0, 0, drafts=2, accepted=accepted)
+        cache._launch("commit", 1, batch, t_tok=2)
+        assert np.array_equal(cache.fills(), fills), f"accepted {accepted} of 2 moved the fill"
+        cache.commit([0])
+
+
+def test_a_fill_past_capacity_touches_nothing():
+    cache, rng = _loaded("kda", 6)
+    cache.buffers["fill"][0] = CONFIG.capacity + 1  # a corrupted fill: no kernel writes one
+    before = _snapshot(cache)
+    toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
+    out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
+    cache._launch("replay_step", 1, _batch(0, 0, 0), toks, out=out)
+    cache._launch("advance_fill", 1, _batch(0, 0, 0))
+    _assert_untouched(cache, before, "step at a fill past capacity")
+    assert np.isnan(out).all()
