@@ -46,12 +46,13 @@ class LaunchConfig:
 def choose_launch(shape, rows: int) -> LaunchConfig:
     """Launch shape for ``rows`` batch rows when the autotuner has no entry, from the H200 runs in
     docs/performance.md: 16-row CTAs while that leaves fewer than two CTAs per SM (small batches);
-    otherwise 64-row CTAs (4 warps × 16 rows: the most state in flight per SM) where V is a multiple
-    of 64, else 16-row CTAs under a 64-register cap (8 per SM; no rows wasted past V = 80)."""
+    otherwise the largest CTA of 4 warps that wastes no rows past V (64, 40 or 32 rows: the most state
+    in flight per SM; 40 for V = 80), else 16-row CTAs under a 64-register cap (8 per SM)."""
     if rows * shape.heads * -(-shape.v_dim // 16) < 2 * SMS_H200:
         return LaunchConfig(warps=4, rows_per_warp=4)
-    if shape.v_dim % 64 == 0:
-        return LaunchConfig(warps=4, rows_per_warp=16)
+    for rows_per_warp in (16, 10, 8):
+        if shape.v_dim % (4 * rows_per_warp) == 0:
+            return LaunchConfig(warps=4, rows_per_warp=rows_per_warp)
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
 
 

@@ -258,12 +258,20 @@ def _fold_rows(decl, last: str, count: str) -> list[str]:
         "}"]
 
 
-def _draft_row_loop(inner: list[str]) -> list[str]:
+def _draft_row_loop(inner: list[str], chunk: int | None = None) -> list[str]:
     """Drafts outside (sequential), the warp's rows inside: unrolled and branch-free, so the rows'
-    shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``)."""
-    return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
-             "        const int rr = warp * RPW + r, row = v0 + rr;"]
-            + ["        " + x for x in inner] + ["    }", "}"])
+    shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``).
+    With ``chunk``, the rows go ``chunk`` at a time through all drafts (rows are independent): fewer
+    reductions in flight, so more rows per warp fit in the register cap without spilling."""
+    if chunk is None:
+        return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
+                 "        const int rr = warp * RPW + r, row = v0 + rr;"]
+                + ["        " + x for x in inner] + ["    }", "}"])
+    return (["#pragma unroll", f"for (int c = 0; c < RPW; c += {chunk}) {{  // compile-time row indices after unrolling",
+             "    for (int j = 0; j < t; ++j) {", "        #pragma unroll",
+             f"        for (int r = c; r < c + {chunk} && r < RPW; ++r) {{",
+             "            const int rr = warp * RPW + r, row = v0 + rr;"]
+            + ["            " + x for x in inner] + ["        }", "    }", "}"])
 
 
 def _store_rows(target: str) -> list[str]:
@@ -361,6 +369,7 @@ def _per_draft_store(f: Facts) -> str:
     return "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
 
 
+VERIFY_ROW_CHUNK = 8  # verify's rows per pass through the drafts (16 rows per warp spill for some declarations)
 REC_WRITE_STORE = "if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
 
 
@@ -382,7 +391,7 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
     ] + _epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here"]
     if append_guard is not None:
         inner += _guarded(append_guard, [REC_WRITE_STORE])
-    return _draft_row_loop(inner)
+    return _draft_row_loop(inner, chunk=VERIFY_ROW_CHUNK)
 
 
 def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:

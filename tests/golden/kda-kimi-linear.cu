@@ -1116,16 +1116,19 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float wv[RPW];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
-    for (int j = 0; j < t; ++j) {
-        #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int rr = warp * RPW + r, row = v0 + rr;
-            const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-            float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-            if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here
-            if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+    #pragma unroll
+    for (int c = 0; c < RPW; c += 8) {  // compile-time row indices after unrolling
+        for (int j = 0; j < t; ++j) {
+            #pragma unroll
+            for (int r = c; r < c + 8 && r < RPW; ++r) {
+                const int rr = warp * RPW + r, row = v0 + rr;
+                const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
+                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
+                if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+                if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here
+                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+            }
         }
     }
 }
