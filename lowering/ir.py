@@ -36,7 +36,7 @@ declared per-token quantities. Ops (ins → outs):
     fold_tokens S,R,W,F,G → S                     fold the buffer and the t new tokens (flushing step)
     set_fill   slot, value                        attrs value="zero" | "advance" | "commit"
 
-Both backends give every op the same meaning: ``interpret.py`` in NumPy, ``render_cuda.py`` in CUDA.
+Both backends give every op the same meaning: ``interpret.py`` in NumPy, ``render_cuda.py`` (with ``render_replay.py`` and ``render_blocks.py``) in CUDA.
 """
 
 from __future__ import annotations

@@ -1,0 +1,291 @@
+"""Lowering layer: the building blocks the CUDA kernel templates share.
+
+What a template reads off a kernel's statements (``Facts``), the row checks and fill prologue, the
+token and row fields staged in shared memory, record staging, the decay between two records, row
+loads and stores, the fold of records into a warp's rows and the shared-memory declarations. Each
+returns lines of C; ``render_cuda`` and ``render_replay`` assemble them into kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Kernel
+from .render_expr import ExprRenderer
+
+
+# --- the facts a kernel template needs, read off its statements -----------------------------------
+@dataclass
+class Facts:
+    family: str
+    guards: dict  # op (or op:buffer) -> C condition guarding it ("" when unguarded)
+    stmts: dict  # op -> Stmt (last one seen)
+    drafts: bool  # tokens per row from drafts[b] (verify-like) or one
+
+
+def facts(kernel: Kernel) -> Facts:
+    guards, stmts = {}, {}
+    for stmt, conds in kernel.statements():
+        cond = " && ".join(("!" if neg else "") + c for c, neg in conds)
+        key = stmt.op + (":" + stmt.attr("buffer") if stmt.attr("buffer") else "")
+        if stmt.op == "load_state":
+            key += ":" + (stmt.ins[0] if stmt.ins else "row")
+        guards[key] = cond
+        stmts[stmt.op] = stmt
+    ops = set(stmts)
+    family = ("fill" if "set_fill" in ops else "replay" if "replay" in ops else "recur" if "recur" in ops
+              else "fold" if "fold" in ops else "copy")
+    drafts = "t" in stmts["row"].outs
+    return Facts(family, guards, stmts, drafts)
+
+
+def guarded(cond: str, body: list[str]) -> list[str]:
+    if not cond:
+        return body
+    return [f"if ({cond}) {{"] + ["    " + line for line in body] + ["}"]
+
+
+# --- pieces shared by the templates ---------------------------------------------------------------
+def ids(f: Facts) -> list[str]:
+    """Indices and the batch row's metadata loads (issued together: nothing here waits on memory)."""
+    return [
+        "const int b = blockIdx.z, hv = blockIdx.y, hk = hv / GROUP;",
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;",
+        "const int v0 = blockIdx.x * BV;",
+        "const int slot = slots[b];",
+        "const int src = src_page[b], dst = dst_page[b];",
+        f"const int t = {'drafts[b]' if f.drafts else '1'};",
+        "(void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;",
+    ]
+
+
+# Row checks every kernel makes (C conditions): a row that fails one touches nothing.
+OUTSIDE_CACHE = "slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages"
+DRAFTS_UNHELD = "t < 1 || t > TMAX || t > t_tok"  # a draft count the buffers or the tokens cannot hold
+FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
+
+
+def fill_lines(f: Facts) -> list[str]:
+    """Row checks (null slot; slot, pages, draft count or fill outside what the buffers hold: the row
+    touches nothing), then the slot's buffer fill and the flush decision."""
+    lines = [f"if ({OUTSIDE_CACHE}) return;  // a null slot (padded row), or indices outside this cache"]
+    if f.drafts:
+        lines.append(f"if ({DRAFTS_UNHELD}) return;")
+    if "load_fill" in f.stmts:
+        lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) return;"]
+    elif f.family != "copy":
+        lines.append("const int n = 0;")
+    if "flush_rule" in f.stmts:
+        rule = f.stmts["flush_rule"].attr("rule")
+        lines.append("const bool flush = " + ("n + 1 >= WINDOW;" if rule == "step" else "n + t > CAPACITY;"))
+    return lines
+
+
+def state_page_lines(f: Facts) -> list[str]:
+    lines = ["int page = src;"]
+    if f.guards.get("load_state:checkpoint:dst") is not None:
+        lines += guarded(f.guards["load_state:checkpoint:dst"], ["page = dst;"])
+    return lines
+
+
+def fields(decl, mode: str) -> list[str]:
+    """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
+    dependence on the fill, so their loads fly with the state's).
+
+    ``mode == "replay"``: keys → ``sh_kd``, raw log-decays → ``sh_g`` (scalar) or ``sh_qd`` (vector; the
+    cumulate phase replaces both by the decayed key and query). ``mode == "recur"``: keys → ``sh_key``,
+    decay factors ``e^g`` → ``sh_g``."""
+    replay = mode == "replay"
+    r = ExprRenderer(decl, "f")
+    ex = decl.expressions()
+    key = r.render(ex["key"], "K")
+    query = r.render(ex["query"], "K")
+    body = list(r.lines)
+    stores = f"if (e < K) {{ {'sh_kd' if replay else 'sh_key'}[j * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"
+    scalar_lines = []
+    if decl.decay_form == "vector":
+        rv = ExprRenderer(decl, "g")
+        g = rv.render(ex["decay"], "K")
+        body += rv.lines
+        stores += f" sh_qd[j * K + e] = {g}[i];" if replay else f" sh_g[j * K + e] = expf({g}[i]);"
+    elif decl.decay_form == "scalar":
+        rs = ExprRenderer(decl, "g")
+        g = rs.render(ex["decay"], "")
+        body += rs.lines
+        scalar_lines.append(f"sh_g[j] = {g};" if replay else f"sh_g[j] = expf({g});")
+    strength = ex.get("beta", ex.get("strength"))
+    if strength is not None:
+        rb = ExprRenderer(decl, "s")
+        s_name = rb.render(strength, "")
+        body += rb.lines
+        scalar_lines.append(f"sh_beta[j] = {s_name};")
+    else:
+        scalar_lines.append("sh_beta[j] = 1.f;")
+    stores += " }"
+    return (["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in body]
+            + ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
+               "        " + stores, "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"])
+
+
+ROW_FIELDS = ("value", "skip", "gate")
+
+
+def row_field_decls(decl, tn: str) -> list[str]:
+    roles = [role for role in ROW_FIELDS if role in decl.expressions()]
+    return [f"__shared__ float sh_{role}[{tn} * BV];" for role in roles]
+
+
+def stage_row_fields(decl) -> list[str]:
+    """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
+    coalesced loads by every thread, so the row loop never waits on a token load."""
+    ex = decl.expressions()
+    r = ExprRenderer(decl, "r")
+    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
+    stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
+    zeros = [f"sh_{role}[x] = 0.f;" for role in names]
+    return (["for (int x = tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
+             "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
+            + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
+
+
+def row_field(decl, role: str) -> str | None:
+    return f"sh_{role}[j * BV + rr]" if role in decl.expressions() else None
+
+
+def epilogue(decl) -> list[str]:
+    lines = []
+    if row_field(decl, "skip"):
+        lines.append(f"o += {row_field(decl, 'skip')};")
+    if row_field(decl, "gate"):
+        lines.append(f"o *= {row_field(decl, 'gate')};")
+    return lines
+
+
+def load_records(decl) -> list[str]:
+    """Start the asynchronous copies of the buffer's keys (and decays) and of the write records of the
+    CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them)."""
+    khead = "hk" if decl.key_level == "group" else "hv"
+    wide = "VEC == 4"
+    lines = [f"stage_floats<{wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, n * K, tid);"]
+    if decl.decay_form == "scalar":
+        lines.append("stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);")
+    elif decl.decay_form == "vector":
+        lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);")
+    lines.append("stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);")
+    return lines
+
+
+def decay_between(decl, a: str, b: str, e: str = "e") -> str:
+    """``exp(G_a − G_b)`` at element ``e`` (records' cumulative decays in ``sh_G``)."""
+    if decl.decay_form == "none":
+        return "1.f"
+    if decl.decay_form == "scalar":
+        return f"expf(sh_G[{a}] - sh_G[{b}])"
+    return f"expf(sh_G[({a}) * K + {e}] - sh_G[({b}) * K + {e}])"
+
+
+def row_loads(state_expr: str) -> list[str]:
+    """Issue every state-row load of the warp first: they fly while the head-level work runs. Rows past
+    V (a partial last tile) hold zeros, so the row loop runs branch-free and only the stores check."""
+    return [
+        "float s[RPW][KE];",
+        "#pragma unroll",
+        "for (int r = 0; r < RPW; ++r) {",
+        "    const int row = v0 + warp * RPW + r;",
+        f"    if (row < V) load_row({state_expr}, s[r], lane);",
+        "    else {",
+        "        #pragma unroll",
+        "        for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored",
+        "    }",
+        "}",
+    ]
+
+
+def row_records() -> list[str]:
+    """Lane i of a warp holds record i's write at each of the warp's rows."""
+    return ["float wv[RPW];",
+            "#pragma unroll",
+            "for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;"]
+
+
+def fold_keys(decl, last: str, count: str) -> list[str]:
+    """In place: sh_key[m] ← k_m ⊙ e^{G_last − G_m} for m < count; ``sh_ed`` ← e^{G_last} for a vector
+    decay (then a barrier)."""
+    if decl.decay_form == "none":
+        return []
+    lines = [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
+             "    const int m = x / K, e = x % K;",
+             f"    sh_key[x] *= {decay_between(decl, last, 'm')};",
+             "}"]
+    if decl.decay_form == "vector":
+        lines.append(f"for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[({last}) * K + e]);")
+    return lines + ["__syncthreads();"]
+
+
+def fold_rows(decl, last: str, count: str) -> list[str]:
+    """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``fold_keys``): records outer,
+    each key fragment read from shared memory once for all of the warp's rows."""
+    scale = {"none": [],
+             "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", "for (int r = 0; r < RPW; ++r)",
+                        "    #pragma unroll", "    for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
+             "vector": ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
+                        "    const float a = (e < K) ? sh_ed[e] : 0.f;",
+                        "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) s[r][i] *= a;", "}"]}
+    return scale[decl.decay_form] + [
+        f"for (int m = 0; m < {count}; ++m) {{",
+        "    float kf[KE];",
+        "    #pragma unroll",
+        "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }",
+        "    #pragma unroll",
+        "    for (int r = 0; r < RPW; ++r) {",
+        "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
+        "        #pragma unroll",
+        "        for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];",
+        "    }",
+        "}"]
+
+
+def draft_row_loop(inner: list[str], chunk: int | None = None) -> list[str]:
+    """Drafts outside (sequential), the warp's rows inside: unrolled and branch-free, so the rows'
+    shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``).
+    With ``chunk``, the rows go ``chunk`` at a time through all drafts (rows are independent): fewer
+    reductions in flight, so more rows per warp fit in the register cap without spilling."""
+    if chunk is None:
+        return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
+                 "        const int rr = warp * RPW + r, row = v0 + rr;"]
+                + ["        " + x for x in inner] + ["    }", "}"])
+    return (["#pragma unroll", f"for (int c = 0; c < RPW; c += {chunk}) {{  // compile-time row indices after unrolling",
+             "    for (int j = 0; j < t; ++j) {", "        #pragma unroll",
+             f"        for (int r = c; r < c + {chunk} && r < RPW; ++r) {{",
+             "            const int rr = warp * RPW + r, row = v0 + rr;"]
+            + ["            " + x for x in inner] + ["        }", "    }", "}"])
+
+
+def store_rows(target: str) -> list[str]:
+    return ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
+            f"    if (row < V) store_row({target}, s[r], lane);", "}"]
+
+
+CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
+STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
+
+
+# --- templates ------------------------------------------------------------------------------------
+def shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
+    tn = "TMAX" if drafts else "1"
+    keys = "NREC" if replay else tn
+    lines = [f"__shared__ __align__(16) float sh_key[{keys} * K];",
+             f"__shared__ __align__(16) float sh_q[{tn} * K];",
+             f"__shared__ float sh_beta[{tn}];"]
+    if replay:
+        lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
+                  f"__shared__ __align__(16) float sh_qd[{tn} * K];",
+                  f"__shared__ __align__(16) float sh_kd[{tn} * K];",
+                  f"__shared__ float sh_sq[{tn} * NREC];",
+                  f"__shared__ float sh_sk[{tn} * NREC];"]
+    if decl.decay_form == "scalar":
+        lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
+    elif decl.decay_form == "vector":
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"] if replay else [
+            f"__shared__ __align__(16) float sh_g[{tn} * K];"]
+    return [line for line in lines if line] + row_field_decls(decl, tn)

@@ -1,0 +1,170 @@
+"""Lowering layer: the replay template (``replay_step``, ``verify``): output from the checkpoint and
+the buffer of records, no state write.
+
+Head-level work in shared memory (cumulative decays, decayed queries and keys, the scores of every
+draft against every record), then each warp's rows: the replay step reduces a row's output and key
+projection in one multi-value warp reduction; verify takes the drafts one after another. On a flush
+the step folds its records into the checkpoint. See docs/design.md for the math.
+"""
+
+from __future__ import annotations
+
+from .ir import Kernel, Program
+from .render_blocks import (CHECKPOINT_ROW, Facts, decay_between, draft_row_loop, epilogue, fields, fill_lines,
+                            fold_keys, fold_rows, guarded, ids, load_records, row_field, row_loads,
+                            row_records, shared_decls, stage_row_fields, state_page_lines, store_rows)
+
+
+def _cumulate(decl) -> list[str]:
+    """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'}; the drafts' keys join the records' (sh_key[n + j]); the
+    decayed query and key e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread
+    rewrites only the elements it reads)."""
+    if decl.decay_form == "vector":
+        return ["for (int e = tid; e < K; e += THREADS) {",
+                "    float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
+                "    for (int j = 0; j < t; ++j) {",
+                "        const int x = j * K + e;",
+                "        acc += sh_qd[x];  // the raw log-decay until this line",
+                "        sh_G[(n + j) * K + e] = acc;",
+                "        const float dec = expf(acc), key = sh_kd[x];",
+                "        sh_key[(n + j) * K + e] = key;",
+                "        sh_kd[x] = key * dec;",
+                "        sh_qd[x] = sh_q[x] * dec;",
+                "    }",
+                "}"]
+    decay = {"none": ["const float dec = 1.f;"],
+             "scalar": ["float acc = n ? sh_G[n - 1] : 0.f;", "for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];",
+                        "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]}[decl.decay_form]
+    return (["for (int x = tid; x < t * K; x += THREADS) {", "    const int j = x / K, e = x % K;"]
+            + ["    " + line for line in decay]
+            + ["    const float key = sh_kd[x];", "    sh_key[(n + j) * K + e] = key;",
+               "    sh_kd[x] = key * dec;", "    sh_qd[x] = sh_q[x] * dec;", "}"])
+
+
+def _scores(decl) -> list[str]:
+    """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j and sk[j][i] = (…)·k_{n+j} for every record i ≤ n + j:
+    a warp takes two records per trip so their four shuffle reductions interleave."""
+    def dots(i: str, suffix: str) -> list[str]:
+        dec = f" * {decay_between(decl, 'n + j', i)}" if decl.decay_form == "vector" else ""
+        return ["#pragma unroll", "for (int c = 0; c < KE; ++c) {", "    const int e = k_index(c, lane);", "    if (e < K) {",
+                f"        const float kd = sh_key[{i} * K + e]{dec};",
+                f"        aq{suffix} += kd * sh_q[j * K + e];", f"        ak{suffix} += kd * sh_key[(n + j) * K + e];",
+                "    }", "}"]
+    scale = (lambda i: decay_between(decl, "n + j", i)) if decl.decay_form == "scalar" else (lambda i: "1.f")
+    body = (["const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once",
+             "float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;"] + dots("i0", "0") + dots("i1", "1")
+            + [f"aq0 = warp_sum(aq0) * {scale('i0')}; ak0 = warp_sum(ak0) * {scale('i0')};",
+               f"aq1 = warp_sum(aq1) * {scale('i1')}; ak1 = warp_sum(ak1) * {scale('i1')};",
+               "if (lane == 0) {", "    sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;",
+               "    sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;", "}"])
+    return (["for (int j = 0; j < t; ++j) {", "    for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {"]
+            + ["        " + line for line in body] + ["    }", "}"])
+
+
+def _padded_parts(m: int) -> int:
+    """Register array length for ``m`` per-row partial sums: a power of two up to 32, else a multiple of 32."""
+    return 1 << (m - 1).bit_length() if m <= 32 else -(-m // 32) * 32
+
+
+def _replay_rows(decl, f: Facts, program: Program, append_guard) -> list[str]:
+    """The rows' outputs and write records: one token (``_replay_rows_one``) or drafts one after another
+    (``_replay_rows_drafts``)."""
+    if f.drafts:
+        return _replay_rows_drafts(decl, f, append_guard)
+    return _replay_rows_one(decl, f, append_guard)
+
+
+def _per_draft_store(f: Facts) -> str:
+    if f.stmts["store_output"].attr("per_draft"):
+        return "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
+    return "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
+
+
+VERIFY_ROW_CHUNK = 8  # verify's rows per pass through the drafts (16 rows per warp spill for some declarations)
+REC_WRITE_STORE = "if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
+
+
+def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
+    """Drafts one after another, the warp's rows inside: draft j's key projection and output each take
+    one warp reduction over the row's registers and the records before it (lane i < n + j holds record
+    i's write, draft j's written into lane n + j). Measured faster for verify than one reduction of all
+    drafts' parts per row (whose cost does not shrink with t and whose unrolled code is large)."""
+    value = row_field(decl, "value")
+    if decl.is_delta:
+        write = ["const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane)"
+                 " + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));",
+                 f"const float w = sh_beta[j] * ({value} - pk);"]
+    else:
+        write = [f"const float w = sh_beta[j] * {value};"]
+    inner = write + [
+        "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
+        " + w * sh_sq[j * NREC + n + j];",
+    ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here"]
+    if append_guard is not None:
+        inner += guarded(append_guard, [REC_WRITE_STORE])
+    return draft_row_loop(inner, chunk=VERIFY_ROW_CHUNK)
+
+
+def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:
+    """Per row: the checkpoint and committed-record parts of the token's output (and delta-rule key
+    projection) in one pass over the row's registers and one multi-value warp reduction."""
+    tn = 1
+    parts = _padded_parts(tn * (2 if decl.is_delta else 1))
+    value = row_field(decl, "value")
+    fill_parts = ["part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
+    if decl.is_delta:
+        fill_parts.append(f"part[{tn} + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
+        write = [f"float pk = part[{tn} + j];", "#pragma unroll", "for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];",
+                 f"const float w = sh_beta[j] * ({value} - pk);"]
+    else:
+        write = [f"const float w = sh_beta[j] * {value};"]
+    per_token = write + [
+        "wd[j] = w;",
+        "float o = part[j] + w * sh_sq[j * NREC + n + j];",
+        "#pragma unroll", "for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];",
+    ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // the fold reads the token's record from lane n"]
+    if append_guard is not None:
+        per_token += guarded(append_guard, [REC_WRITE_STORE])
+    return (["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int rr = warp * RPW + r, row = v0 + rr;",
+             f"    float part[{parts}];", "    #pragma unroll", f"    for (int j = 0; j < {parts}; ++j) part[j] = 0.f;",
+             "    #pragma unroll", f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
+            + ["            " + line for line in fill_parts] + ["        }", "    }", "    warp_sum_all(part, lane);",
+                                                                  f"    float wd[{tn}];", "    #pragma unroll",
+                                                                  f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
+            + ["            " + line for line in per_token] + ["        }", "    }", "}"])
+
+
+def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
+    decl = program.declaration
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True) + fill_lines(f)
+    if "empty_records" in f.stmts:
+        body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
+    body += state_page_lines(f)
+    body += row_loads(CHECKPOINT_ROW.format(page="page"))
+    body += fields(decl, "replay") + stage_row_fields(decl)
+    body += guarded(f.guards.get("load_records", ""), load_records(decl))
+    body += ["cp_async_wait();", "__syncthreads();"]
+    body += _cumulate(decl)
+    body.append("__syncthreads();")
+    body += _scores(decl)
+    append_guard = f.guards.get("append")
+    # head-level records: one V-tile writes decays, the first head of a group writes keys
+    if append_guard is not None:
+        kh_cond = "hv % GROUP == 0" if decl.key_level == "group" else "true"
+        khead = "hk" if decl.key_level == "group" else "hv"
+        rec = ["if (blockIdx.x == 0) {"]
+        if decl.decay_form == "scalar":
+            rec.append("    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];")
+        elif decl.decay_form == "vector":
+            rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];")
+        rec.append(f"    if ({kh_cond}) for (int x = tid; x < t * K; x += THREADS) "
+                   f"rec_key[(((size_t)slot * KEY_HEADS + {khead}) * CAPACITY + n) * K + x] = sh_key[n * K + x];")
+        rec.append("}")
+        body += guarded(append_guard, rec)
+    body.append("__syncthreads();")
+    body += row_records() + _replay_rows(decl, f, program, append_guard)
+    if "fold_tokens" in f.stmts:
+        fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t")
+                + store_rows(CHECKPOINT_ROW.format(page="dst")))
+        body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
+    return body
