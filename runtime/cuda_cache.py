@@ -175,7 +175,8 @@ class CudaReplayCache(ReplayCacheBase):
     def launch_step(self, batch: dict, tokens: dict, out) -> None:
         """``batch``: device int32 arrays ``slot, src_page, dst_page, drafts, accepted`` ``[B]``;
         ``tokens[name]``: device ``[B, 1, ...]``; ``out``: ``[B, 1, HV, V]``. No host checks: a row whose
-        slot or page is outside this cache is skipped by the kernels (nothing written, output untouched)."""
+        slot or page is outside this cache is skipped by the kernels (nothing written, output untouched).
+        Slots must be unique within the batch (as the host path checks)."""
         rows = int(batch["slot"].shape[0])
         self._launch("replay_step", rows, batch, tokens, out=out)
         self._launch("advance_fill", rows, batch)
