@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
-# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] | all   (default: all)
+# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] | all
+# (default: all, which leaves out profile; after bench, profile uses the launch shapes bench tuned)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -43,6 +44,15 @@ if wants hf; then
 fi
 if wants bench; then
   python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
+if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time goes (PROFILE_ARGS: --preset, --batch)
+  for kernel in replay_step conventional_step flush; do
+    ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/profile-$kernel.log" 2>&1
+    rc=$?
+    summary+=("ncu $kernel: rc=$rc, see profile-$kernel.log: $(grep -E ' Duration |Memory Throughput' "$OUT/profile-$kernel.log" | head -2 | tr -s ' ' | tr '\n' ';')")
+  done
 fi
 echo "==================== summary ===================="
 printf '%s\n' "${summary[@]}"

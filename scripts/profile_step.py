@@ -1,0 +1,56 @@
+"""Launch the decode kernels of one preset at one batch size, as the benchmark does, for a profiler.
+
+Run on a GPU under Nsight Compute, one kernel at a time (what ``scripts/gpu-check.sh profile`` does)::
+
+    ncu --clock-control none --kernel-name replay_step --launch-skip 6 --launch-count 1 \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        python scripts/profile_step.py --preset qwen3.5-4b --batch 256
+
+Each kernel is launched several times: the replay step in the mixed steady state (slot b at fill
+b mod L), then the conventional step, then the flush alone, with the launch shapes the autotuner's
+table gives (or ``choose_launch``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl.config import PRESETS
+from replayssm_dsl.random_inputs import random_params, random_tokens
+from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="qwen3.5-4b", choices=sorted(PRESETS))
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--launches", type=int, default=9, help="launches of each kernel")
+    args = parser.parse_args()
+    import cupy as cp
+
+    preset = PRESETS[args.preset]
+    decl, shape, config = variants.get(preset.variant), preset.shape, ReplayConfig(window=16, max_drafts=8)
+    rng = np.random.default_rng(0)
+    cache = CudaReplayCache(decl, shape, config, slots=args.batch, params=random_params(decl, shape, rng))
+    cache.buffers["checkpoint"][...] = 0.01
+    cache.buffers["state"][...] = 0.01
+    cache.buffers["fill"][...] = cp.arange(args.batch, dtype=cp.int32) % config.window  # the mixed steady state
+    batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(args.batch, dtype=np.int32)).items()}
+    toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (args.batch,)).items()}
+    out = cp.empty((args.batch, 1, shape.heads, shape.v_dim), cp.float32)
+    for _ in range(args.launches):
+        cache.launch_step(batch, toks, out)
+    for _ in range(args.launches):
+        cache._launch("conventional_step", args.batch, batch, toks, out=out)
+    for _ in range(args.launches):
+        cache._launch("flush", args.batch, batch)
+    cp.cuda.runtime.deviceSynchronize()
+    print(f"profile_step: {args.preset} B={args.batch}: {args.launches} launches each of replay_step, "
+          "conventional_step, flush")
+
+
+if __name__ == "__main__":
+    main()
