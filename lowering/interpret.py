@@ -49,6 +49,7 @@ class Interpreter:
         self.p, self.decl, self.shape = program, program.declaration, program.shape
         self.compute = np.dtype(compute)
         self.vector_decay = self.decl.decay_form == "vector"
+        self._checks_fill = True
 
     # --- helpers -------------------------------------------------------------------------------------
     def _expand_keys(self, keys: np.ndarray) -> np.ndarray:  # [Hk, ..., K] -> [HV, ..., K]
@@ -214,7 +215,7 @@ class Interpreter:
         return tuple(vals)
 
     def _row_unheld(self, bufs, env, op: str) -> bool:
-        """The generated kernels' row checks (render_cuda's OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD),
+        """The generated kernels' row checks (render_blocks' OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD),
         made after ``row`` and ``load_fill``: a row that fails one touches nothing. ``bufs["t_tok"]``
         is the launch's token count T, as the kernels' ``t_tok`` argument."""
         cfg = self.p.config
@@ -223,7 +224,7 @@ class Interpreter:
             if not (0 <= env["slot"] < slots and 0 <= env["src"] < pages and 0 <= env["dst"] < pages):
                 return True
             return "t" in env and not 1 <= env["t"] <= min(cfg.max_drafts, int(bufs.get("t_tok", 1)))
-        return op == "load_fill" and not 0 <= env["n"] <= cfg.capacity
+        return op == "load_fill" and self._checks_fill and not 0 <= env["n"] <= cfg.capacity
 
     def op_load_fill(self, bufs, b, env, stmt):
         return (int(bufs["fill"][env["slot"]]),)
@@ -262,5 +263,7 @@ class Interpreter:
 
     def run(self, kernel: Kernel | str, bufs: dict[str, np.ndarray], rows: int) -> None:
         kernel = self.p.kernel(kernel) if isinstance(kernel, str) else kernel
+        # a kernel that zeroes the fill (reset_fill, after flush or load) does so whatever the fill was
+        self._checks_fill = not any(s.op == "set_fill" and s.attr("value") == "zero" for s, _ in kernel.statements())
         for b in range(rows):
             self._run_body(kernel.body, bufs, b, {})

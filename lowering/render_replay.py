@@ -85,10 +85,12 @@ REC_WRITE_STORE = "if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv)
 
 
 def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
-    """Drafts one after another, the warp's rows inside: draft j's key projection and output each take
-    one warp reduction over the row's registers and the records before it (lane i < n + j holds record
-    i's write, draft j's written into lane n + j). Measured faster for verify than one reduction of all
-    drafts' parts per row (whose cost does not shrink with t and whose unrolled code is large)."""
+    """Drafts one after another, the warp's rows inside, ``VERIFY_ROW_CHUNK`` rows at a time through
+    all drafts (fewer reductions in flight, so 16 rows per warp fit without spilling). Draft j's key
+    projection and output each take one warp reduction over the row's registers and the records
+    before it (lane i < n + j holds record i's write, draft j's written into lane n + j). Measured
+    faster for verify than one reduction of all drafts' parts per row (whose cost does not shrink with
+    t and whose unrolled code is large)."""
     value = row_field(decl, "value")
     if decl.is_delta:
         write = ["const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane)"

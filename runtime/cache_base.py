@@ -113,10 +113,7 @@ class ReplayCacheBase:
         batch = self._batch(slots, src_pages, dst_pages, "verify")
         rows = batch["slot"].shape[0]
         batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
-        t = self._token_length(tokens)
-        if batch["drafts"].max() > t:
-            i = int(np.argmax(batch["drafts"]))
-            raise InputError(f"drafts[{i}] = {batch['drafts'][i]} but tokens hold only T = {t} drafts")
+        t = self._drafts_within_tokens(batch["drafts"], tokens)
         toks = self._check_tokens(tokens, rows, t)
         out = self._output(out, (rows, t, self.shape.heads, self.shape.v_dim), "out")
         self._launch("flush_for_verify", rows, batch, t_tok=t)
@@ -188,13 +185,21 @@ class ReplayCacheBase:
         batch = self._batch(slots)
         rows = batch["slot"].shape[0]
         batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
-        t = self._token_length(tokens)
+        t = self._drafts_within_tokens(batch["drafts"], tokens)
         toks = self._check_tokens(tokens, rows, t)
         out = self._output(out, (rows, t, self.shape.heads, self.shape.v_dim), "out")
         snaps = self._output(snapshots, (rows, t, self.shape.heads, self.shape.v_dim, self.shape.k_dim),
                              "snapshots", dtype=self.config.state_dtype)
         self._launch("snapshot_verify", rows, batch, toks, out=out, snapshots=snaps)
         return out, snaps
+
+    def _drafts_within_tokens(self, drafts: np.ndarray, tokens: dict) -> int:
+        """The tokens' T, after checking that no row drafts more than it holds."""
+        t = self._token_length(tokens)
+        if drafts.max() > t:
+            i = int(np.argmax(drafts))
+            raise InputError(f"drafts[{i}] = {drafts[i]} but tokens hold only T = {t} drafts")
+        return t
 
     def _token_length(self, tokens: dict) -> int:
         for spec in self.decl.inputs:

@@ -122,8 +122,8 @@ class CudaReplayCache(ReplayCacheBase):
         toks = {}
         for name, value in (tokens or {}).items():
             toks[name] = self._device(value, f"tokens[{name!r}]")
-            t_tok = t_tok or int(toks[name].shape[1])
-        t_tok = t_tok or 1
+            t_tok = int(toks[name].shape[1]) if t_tok is None else t_tok
+        t_tok = 1 if t_tok is None else t_tok
         named = {**self.buffers}
         for name, value in arrays.items():
             named[name] = self._device(value, name, STORAGE[self.config.state_dtype] if name == "snapshots" else np.float32)
@@ -193,4 +193,5 @@ class CudaReplayCache(ReplayCacheBase):
         """Commit ``batch["accepted"]`` of the verify launched with the same ``batch``. ``t_tok``: that
         verify's T, so rows it skipped are skipped here too (default ``max_drafts``: rows are then
         checked only against the buffers)."""
-        self._launch("commit", int(batch["slot"].shape[0]), batch, t_tok=t_tok or self.config.max_drafts)
+        self._launch("commit", int(batch["slot"].shape[0]), batch,
+                     t_tok=self.config.max_drafts if t_tok is None else t_tok)

@@ -66,6 +66,7 @@ class TorchReplayCache:
         # the truth: keep ``self.state`` (e.g. as module buffers) and pass it to every call.
         self.token_names = [s.name for s in decl.inputs if s.kind == "token"]
         self.shape = shape
+        self._verified = None  # the last verify's (src_page, dst_page, T), which its commit is checked against
 
     def fills(self) -> np.ndarray:
         return self.state[self.names.index("fill")].cpu().numpy().copy()
@@ -184,6 +185,7 @@ def verify(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: to
             batch = c._host_or_device_batch(slot=slot, src_page=src_page, dst_page=dst_page, drafts=drafts,
                                             accepted=torch.zeros_like(slot))
             c.cache.launch_verify(batch, {n: x.contiguous() for n, x in zip(c.token_names, tokens)}, out)
+            c._verified = (src_page, dst_page, t)
         else:
             c.cache.verify(_numpy(slot), _named(c, tokens), _numpy(drafts), src_pages=_numpy(src_page),
                            dst_pages=_numpy(dst_page), out=_numpy(out))
@@ -202,8 +204,10 @@ def commit(key: str, state: list[torch.Tensor], slot: torch.Tensor, drafts: torc
     with _cache(key, state) as c:
         _check_index(c, slot=slot, drafts=drafts, accepted=accepted)
         if c.device.type == "cuda":
-            batch = c._host_or_device_batch(slot=slot, src_page=slot, dst_page=slot, drafts=drafts, accepted=accepted)
-            c.cache.launch_commit(batch)
+            # the kernels skip exactly the rows the verify skipped: same pages, same T
+            src, dst, t = c._verified if c._verified and c._verified[0].shape == slot.shape else (slot, slot, None)
+            batch = c._host_or_device_batch(slot=slot, src_page=src, dst_page=dst, drafts=drafts, accepted=accepted)
+            c.cache.launch_commit(batch, t)
         else:
             c.cache.commit(_numpy(accepted))
 

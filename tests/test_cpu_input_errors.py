@@ -336,6 +336,8 @@ def test_drafts_of_wrong_length(busy):
 def test_verify_tokens_shorter_than_drafts(busy):
     with refused(busy.cache, InputError, "drafts[1] = 3 but tokens hold only T = 2 drafts"):
         busy.cache.verify([0, 1], busy.tokens(2, 2), [1, 3])
+    with refused(busy.cache, InputError, "drafts[0] = 3 but tokens hold only T = 2 drafts"):
+        busy.cache.snapshot_verify([0, 1], busy.tokens(2, 2), [3, 1])
     with refused(busy.cache, InputError, "tokens['q']: verify tokens are [B, T, ...]"):
         busy.cache.verify([0, 1], {"q": np.zeros(3)}, [1, 1])
     with refused(busy.cache, InputError, "no declared token input"):

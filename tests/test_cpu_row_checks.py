@@ -1,5 +1,5 @@
 """The CPU backend makes the generated kernels' row checks (lowering/interpret.py mirrors
-render_cuda's OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD): batch arrays that bypass the host checks
+render_blocks' OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD): batch arrays that bypass the host checks
 (as on the graph path) skip the rows the kernels skip, touching no buffer and no output.
 """
 
@@ -56,7 +56,8 @@ def test_rows_outside_the_cache_touch_nothing(name, row):
 @pytest.mark.parametrize("drafts,t_tok", [(0, 2), (3, 3), (2, 1)])  # none; past T_max; past the tokens' T
 def test_draft_counts_the_buffers_or_tokens_cannot_hold_touch_nothing(name, drafts, t_tok):
     cache, rng = _loaded(name, 4)
-    for _ in range(CONFIG.capacity):  # every fill, some where verify would fold first
+    for fill in range(CONFIG.capacity + 1):  # every fill, including those where verify would fold first
+        cache.buffers["fill"][0] = fill
         before = _snapshot(cache)
         toks = random_tokens(cache.decl, SHAPE, rng, (1, t_tok))
         out = cache.poisoned((1, t_tok, SHAPE.heads, SHAPE.v_dim))
@@ -64,9 +65,8 @@ def test_draft_counts_the_buffers_or_tokens_cannot_hold_touch_nothing(name, draf
         cache._launch("flush_for_verify", 1, batch, t_tok=t_tok)
         cache._launch("verify", 1, batch, toks, out=out)
         cache._launch("commit", 1, batch, t_tok=t_tok)
-        _assert_untouched(cache, before, f"verify of {drafts} drafts with T = {t_tok}")
+        _assert_untouched(cache, before, f"verify of {drafts} drafts with T = {t_tok} at fill {fill}")
         assert np.isnan(out).all(), "a skipped row wrote its output"
-        cache.step([0], random_tokens(cache.decl, SHAPE, rng, (1,)))
 
 
 def test_accepted_past_drafts_or_negative_keeps_the_fill():
@@ -91,3 +91,11 @@ def test_a_fill_past_capacity_touches_nothing():
     cache._launch("advance_fill", 1, _batch(0, 0, 0))
     _assert_untouched(cache, before, "step at a fill past capacity")
     assert np.isnan(out).all()
+
+
+def test_load_resets_a_fill_past_capacity():
+    """reset_fill zeroes the fill whatever it was (as the CUDA template does), so load repairs a slot."""
+    cache, rng = _loaded("gdn", 7)
+    cache.buffers["fill"][1] = CONFIG.capacity + 3
+    cache.load([1], random_state(SHAPE, rng, (1,)))
+    assert cache.fills()[1] == 0
