@@ -49,7 +49,6 @@ class Interpreter:
         self.p, self.decl, self.shape = program, program.declaration, program.shape
         self.compute = np.dtype(compute)
         self.vector_decay = self.decl.decay_form == "vector"
-        self._checks_fill = True
 
     # --- helpers -------------------------------------------------------------------------------------
     def _expand_keys(self, keys: np.ndarray) -> np.ndarray:  # [Hk, ..., K] -> [HV, ..., K]
@@ -214,17 +213,18 @@ class Interpreter:
             vals.append(int(bufs["drafts"][b]))
         return tuple(vals)
 
-    def _row_unheld(self, bufs, env, op: str) -> bool:
+    def _row_unheld(self, bufs, env, op: str, checks_fill: bool) -> bool:
         """The generated kernels' row checks (render_blocks' OUTSIDE_CACHE, DRAFTS_UNHELD, FILL_UNHELD),
         made after ``row`` and ``load_fill``: a row that fails one touches nothing. ``bufs["t_tok"]``
-        is the launch's token count T, as the kernels' ``t_tok`` argument."""
+        is the launch's token count T, as the kernels' ``t_tok`` argument; ``checks_fill`` is False for
+        a kernel that zeroes the fill (reset_fill, after flush or load), which does so whatever it was."""
         cfg = self.p.config
         if op == "row":
             slots, pages = bufs["fill"].shape[0], bufs["checkpoint"].shape[0]
             if not (0 <= env["slot"] < slots and 0 <= env["src"] < pages and 0 <= env["dst"] < pages):
                 return True
             return "t" in env and not 1 <= env["t"] <= min(cfg.max_drafts, int(bufs.get("t_tok", 1)))
-        return op == "load_fill" and self._checks_fill and not 0 <= env["n"] <= cfg.capacity
+        return op == "load_fill" and checks_fill and not 0 <= env["n"] <= cfg.capacity
 
     def op_load_fill(self, bufs, b, env, stmt):
         return (int(bufs["fill"][env["slot"]]),)
@@ -250,20 +250,19 @@ class Interpreter:
         return ()
 
     # --- driver --------------------------------------------------------------------------------------
-    def _run_body(self, body, bufs, b, env):
+    def _run_body(self, body, bufs, b, env, checks_fill: bool):
         for stmt in body:
             if isinstance(stmt, When):
                 if bool(env[stmt.cond]) != stmt.negate:
-                    self._run_body(stmt.body, bufs, b, env)
+                    self._run_body(stmt.body, bufs, b, env, checks_fill)
                 continue
             results = getattr(self, f"op_{stmt.op}")(bufs, b, env, stmt)
             env.update(zip(stmt.outs, results))
-            if stmt.op in ("row", "load_fill") and self._row_unheld(bufs, env, stmt.op):
+            if stmt.op in ("row", "load_fill") and self._row_unheld(bufs, env, stmt.op, checks_fill):
                 return  # a null slot (padded row), or indices, draft count or fill outside the buffers
 
     def run(self, kernel: Kernel | str, bufs: dict[str, np.ndarray], rows: int) -> None:
         kernel = self.p.kernel(kernel) if isinstance(kernel, str) else kernel
-        # a kernel that zeroes the fill (reset_fill, after flush or load) does so whatever the fill was
-        self._checks_fill = not any(s.op == "set_fill" and s.attr("value") == "zero" for s, _ in kernel.statements())
+        checks_fill = not any(s.op == "set_fill" and s.attr("value") == "zero" for s, _ in kernel.statements())
         for b in range(rows):
-            self._run_body(kernel.body, bufs, b, {})
+            self._run_body(kernel.body, bufs, b, {}, checks_fill)

@@ -250,15 +250,14 @@ def draft_row_loop(inner: list[str], chunk: int | None = None) -> list[str]:
     shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``).
     With ``chunk``, the rows go ``chunk`` at a time through all drafts (rows are independent): fewer
     reductions in flight, so more rows per warp fit in the register cap without spilling."""
+    rows = "int r = 0; r < RPW; ++r" if chunk is None else f"int r = c; r < c + {chunk} && r < RPW; ++r"
+    loop = (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", f"    for ({rows}) {{",
+             "        const int rr = warp * RPW + r, row = v0 + rr;"]
+            + ["        " + x for x in inner] + ["    }", "}"])
     if chunk is None:
-        return (["for (int j = 0; j < t; ++j) {", "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) {",
-                 "        const int rr = warp * RPW + r, row = v0 + rr;"]
-                + ["        " + x for x in inner] + ["    }", "}"])
-    return (["#pragma unroll", f"for (int c = 0; c < RPW; c += {chunk}) {{  // compile-time row indices after unrolling",
-             "    for (int j = 0; j < t; ++j) {", "        #pragma unroll",
-             f"        for (int r = c; r < c + {chunk} && r < RPW; ++r) {{",
-             "            const int rr = warp * RPW + r, row = v0 + rr;"]
-            + ["            " + x for x in inner] + ["        }", "    }", "}"])
+        return loop
+    return (["#pragma unroll", f"for (int c = 0; c < RPW; c += {chunk}) {{  // compile-time row indices after unrolling"]
+            + ["    " + x for x in loop] + ["}"])
 
 
 def store_rows(target: str) -> list[str]:
@@ -270,7 +269,6 @@ CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
 STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
 
 
-# --- templates ------------------------------------------------------------------------------------
 def shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
     tn = "TMAX" if drafts else "1"
     keys = "NREC" if replay else tn

@@ -61,12 +61,7 @@ def _scores(decl) -> list[str]:
             + ["        " + line for line in body] + ["    }", "}"])
 
 
-def _padded_parts(m: int) -> int:
-    """Register array length for ``m`` per-row partial sums: a power of two up to 32, else a multiple of 32."""
-    return 1 << (m - 1).bit_length() if m <= 32 else -(-m // 32) * 32
-
-
-def _replay_rows(decl, f: Facts, program: Program, append_guard) -> list[str]:
+def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
     """The rows' outputs and write records: one token (``_replay_rows_one``) or drafts one after another
     (``_replay_rows_drafts``)."""
     if f.drafts:
@@ -111,7 +106,7 @@ def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:
     """Per row: the checkpoint and committed-record parts of the token's output (and delta-rule key
     projection) in one pass over the row's registers and one multi-value warp reduction."""
     tn = 1
-    parts = _padded_parts(tn * (2 if decl.is_delta else 1))
+    parts = 2 if decl.is_delta else 1  # warp_sum_all takes a power of two
     value = row_field(decl, "value")
     fill_parts = ["part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
     if decl.is_delta:
@@ -164,7 +159,7 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         rec.append("}")
         body += guarded(append_guard, rec)
     body.append("__syncthreads();")
-    body += row_records() + _replay_rows(decl, f, program, append_guard)
+    body += row_records() + _replay_rows(decl, f, append_guard)
     if "fold_tokens" in f.stmts:
         fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t")
                 + store_rows(CHECKPOINT_ROW.format(page="dst")))
