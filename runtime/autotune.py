@@ -21,7 +21,7 @@ from replayssm_dsl import knobs
 from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering.launch import LaunchConfig
 
-from .benchmark import capture_graphs, time_graphs
+from .benchmark import capture_graphs, mixed_steady_state, time_graphs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
@@ -78,8 +78,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         if cache.compiled.local_memory() != {}:
             continue  # does not build, or spills
         cache.buffers["checkpoint"][...] = 0.01
-        cache.buffers["fill"][...] = cp.arange(rows, dtype=cp.int32) % config.window
-        batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
+        batch = mixed_steady_state(cache, rows)
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":

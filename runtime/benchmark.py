@@ -41,6 +41,14 @@ def _median_ms(cp, launch, reps: int, warmup: int = 3) -> float:
     return float(np.median(times))
 
 
+def mixed_steady_state(cache, rows: int) -> dict:
+    """Put slot b at buffer fill b mod L (so 1/L of a batch of ``rows`` flushes at every step) and return
+    the batch's device arrays (slot b in row b)."""
+    cp = cache.cp
+    cache.buffers["fill"][...] = cp.arange(rows, dtype=cp.int32) % cache.config.window
+    return {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
+
+
 def capture_graphs(cp, build, sets: int):
     """Capture ``build(i)`` (a sequence of launches on input set ``i``) into one graph per set."""
     stream = cp.cuda.Stream(non_blocking=True)
@@ -161,14 +169,12 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     verify_launch, verify_tuning = tune_step(decl, shape, config, params, batch, group="verify")
     conv_launch, conv_tuning = tune_step(decl, shape, config, params, batch, group="conventional")
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
-    L, HV, V, K = config.window, shape.heads, shape.v_dim, shape.k_dim
+    HV, V, K = shape.heads, shape.v_dim, shape.k_dim
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
     cache.buffers["state"][...] = cache.buffers["checkpoint"]
     cache.buffers["rec_write"][...] = 0.01
     cache.buffers["rec_key"][...] = 0.05
-    cache.buffers["fill"][...] = cp.arange(batch, dtype=cp.int32) % L  # the mixed steady state
-    slots = np.arange(batch, dtype=np.int32)
-    batch_dev = {k: cp.asarray(v) for k, v in cache._batch(slots).items()}
+    batch_dev = mixed_steady_state(cache, batch)
     one = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch,)).items()}
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)

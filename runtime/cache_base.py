@@ -201,6 +201,13 @@ class ReplayCacheBase:
             raise InputError(f"drafts[{i}] = {drafts[i]} but tokens hold only T = {t} drafts")
         return t
 
+    @staticmethod
+    def _launch_tokens(tokens: dict | None, t_tok: int | None) -> int:
+        """``t_tok`` of a launch: the given one, else the tokens' T (``[B, T, ...]``), else 1."""
+        if t_tok is not None:
+            return t_tok
+        return next((int(np.shape(v)[1]) for v in (tokens or {}).values()), 1)
+
     def _token_length(self, tokens: dict) -> int:
         for spec in self.decl.inputs:
             if spec.kind == "token" and spec.name in tokens:

@@ -49,9 +49,7 @@ class CpuReplayCache(ReplayCacheBase):
         bufs = dict(self.buffers)
         bufs.update(batch)
         bufs.update({k: np.asarray(v, self.compute) for k, v in (tokens or {}).items()})
-        if t_tok is None:
-            t_tok = next((int(np.shape(v)[1]) for v in (tokens or {}).values()), 1)
-        bufs["t_tok"] = t_tok
+        bufs["t_tok"] = self._launch_tokens(tokens, t_tok)
         for name, arr in arrays.items():
             bufs["out" if name == "out" else name] = arr
         self.interpreter.run(kernel, bufs, rows)

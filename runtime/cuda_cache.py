@@ -119,11 +119,8 @@ class CudaReplayCache(ReplayCacheBase):
 
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
-        toks = {}
-        for name, value in (tokens or {}).items():
-            toks[name] = self._device(value, f"tokens[{name!r}]")
-            t_tok = int(toks[name].shape[1]) if t_tok is None else t_tok
-        t_tok = 1 if t_tok is None else t_tok
+        toks = {name: self._device(value, f"tokens[{name!r}]") for name, value in (tokens or {}).items()}
+        t_tok = self._launch_tokens(toks, t_tok)
         named = {**self.buffers}
         for name, value in arrays.items():
             named[name] = self._device(value, name, STORAGE[self.config.state_dtype] if name == "snapshots" else np.float32)

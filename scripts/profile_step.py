@@ -20,6 +20,7 @@ import numpy as np
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.random_inputs import random_params, random_tokens
+from replayssm_dsl.runtime.benchmark import mixed_steady_state
 from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
 
 
@@ -37,8 +38,7 @@ def main() -> None:
     cache = CudaReplayCache(decl, shape, config, slots=args.batch, params=random_params(decl, shape, rng))
     cache.buffers["checkpoint"][...] = 0.01
     cache.buffers["state"][...] = 0.01
-    cache.buffers["fill"][...] = cp.arange(args.batch, dtype=cp.int32) % config.window  # the mixed steady state
-    batch = {k: cp.asarray(v) for k, v in cache._batch(np.arange(args.batch, dtype=np.int32)).items()}
+    batch = mixed_steady_state(cache, args.batch)
     toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (args.batch,)).items()}
     out = cp.empty((args.batch, 1, shape.heads, shape.v_dim), cp.float32)
     for _ in range(args.launches):
