@@ -69,11 +69,15 @@ def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     return args
 
 
+def v_tiles(program: Program, launch: LaunchConfig) -> int:
+    """CTAs along V per (value head, batch row) of a tiled kernel: the grid's x."""
+    return -(-program.shape.v_dim // launch.rows_per_cta)
+
+
 def grid_of(kernel: Kernel, program: Program, launch: LaunchConfig, rows: int) -> tuple[tuple, tuple]:
     """(grid, block) for ``rows`` batch rows."""
     if kernel.grid == ("B",):
         return ((rows + FILL_THREADS - 1) // FILL_THREADS, 1, 1), (FILL_THREADS, 1, 1)
-    tiles = (program.shape.v_dim + launch.rows_per_cta - 1) // launch.rows_per_cta
-    return (tiles, program.shape.heads, rows), (launch.threads, 1, 1)
+    return (v_tiles(program, launch), program.shape.heads, rows), (launch.threads, 1, 1)
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from .ir import Program
-from .launch import FILL_THREADS, LaunchConfig, kernel_arguments
+from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, v_tiles
 from .render_cuda import STATE_C_TYPES, render_program
 
 ARGUMENT_DOCS = {
@@ -94,7 +94,7 @@ def render_header(program: Program, launch: LaunchConfig) -> str:
 
 def render_launchers(program: Program, launch: LaunchConfig) -> str:
     name = export_name(program)
-    tiles = -(-program.shape.v_dim // launch.rows_per_cta)
+    tiles = v_tiles(program, launch)
     args = ", ".join(arg if arg in CALL_ARGS else f"buffers->{arg}" for _, arg in kernel_arguments(program))
     out = [f'#include "{name}.h"']
     for kernel in program.kernels:
@@ -111,7 +111,7 @@ def render_launchers(program: Program, launch: LaunchConfig) -> str:
 
 def manifest(program: Program, launch: LaunchConfig) -> dict:
     shape, cfg = program.shape, program.config
-    tiles = -(-shape.v_dim // launch.rows_per_cta)
+    tiles = v_tiles(program, launch)
     return {
         "name": export_name(program),
         "declaration": program.declaration.name,
