@@ -34,7 +34,8 @@ declared per-token quantities. Ops (ins → outs):
     store_state  S, dst                           attrs buffer [, per_draft]: one state write
     append     n,W,F,G                            write t records at n..n+t−1 (G_j, w_j, k_j)
     fold_tokens S,R,W,F,G → S                     fold the buffer and the t new tokens (flushing step)
-    set_fill   slot, value                        attrs value="zero" | "advance" | "commit"
+    set_fill   slot, value                        attrs value="zero" | "advance" | "commit"; in a tiled
+                                                  kernel, made once per row after all its CTAs read n
 
 Both backends give every op the same meaning: ``interpret.py`` in NumPy, ``render_cuda.py`` (with ``render_replay.py`` and ``render_blocks.py``) in CUDA.
 """

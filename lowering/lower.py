@@ -4,8 +4,8 @@ The kernels (DESIGN.md §2, "Kernels per variant"):
 
 - ``conventional_step``  baseline: read S, update, write S, output (what vLLM/FLA do today)
 - ``snapshot_verify``    baseline: T drafts, writes T states (vLLM's speculative path)
-- ``replay_step``        per sequence: append one record and read, or fold and flush (one launch)
-- ``advance_fill``       after ``replay_step``: fill ← n+1, or 0 where it flushed
+- ``replay_step``        per sequence: append one record and read, or fold and flush, and move the
+                         fill (n+1, or 0 where it flushed): one launch
 - ``flush_for_verify``   before ``verify``: fold the buffer where ``n + t > capacity``
 - ``verify``             T drafts from checkpoint + buffer; writes T records, no state
 - ``commit``             fill ← (0 if it was folded for verify, else n) + accepted: the pointer move
@@ -13,7 +13,8 @@ The kernels (DESIGN.md §2, "Kernels per variant"):
 - ``load`` + ``reset_fill``   checkpoint ← a given state (prefill hand-off)
 - ``materialize``        S = checkpoint folded with the buffer, written to an output array
 
-Fill updates are separate tiny kernels because every CTA of a slot reads the fill first; for the
+Every CTA of a slot reads the fill first, so the step's fill update is made by the slot's last CTA
+to finish (an arrival counter per slot); commit, reset_fill are tiny kernels of their own. For the
 same reason a verify that needs room folds the buffer in a launch of its own (other V-tiles still
 read the old records' keys and decays) and then reads the folded checkpoint from ``dst``.
 """
@@ -47,6 +48,8 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
         Buffer("rec_write", "record", "float32", ("slots", "HV", "cap", "V"), "writes w_i (corrections for the delta rule)"),
         Buffer("rec_key", "record", "float32", ("slots", key_heads, "cap", "K"), "keys k_i, once per key head"),
         Buffer("fill", "meta", "int32", ("slots",), "records committed per slot (the device-side truth)"),
+        Buffer("arrivals", "meta", "int32", ("slots",), "replay_step's CTAs of a slot done with its fill; zero it at creation "
+               "(every launch leaves it zero: the last CTA to arrive resets it and moves the fill)"),
         Buffer("slot", "batch", "int32", ("B",), "slot per batch row; < 0 is the null slot (padding)"),
         Buffer("src_page", "batch", "int32", ("B",), "checkpoint page read"),
         Buffer("dst_page", "batch", "int32", ("B",), "checkpoint page written by a flush or load"),
@@ -108,7 +111,8 @@ def _kernels() -> tuple[Kernel, ...]:
             S("store_state", (), ("S", "dst"), (("buffer", "checkpoint"),)),
         )),
         When("flush", (S("append", (), ("R", "W", "F", "G")),), negate=True),
-    ), "append one record and read the state, or fold and flush when the buffer is full")
+        S("set_fill", (), ("slot", "n"), (("value", "advance"),)),
+    ), "append one record and read the state, or fold and flush when the buffer is full; fill ← n+1, or 0")
     flush_for_verify = Kernel("flush_for_verify", TILED, (
         S("row", ("slot", "src", "dst", "t")),
         S("load_fill", ("n",), ("slot",)),
@@ -162,7 +166,6 @@ def _kernels() -> tuple[Kernel, ...]:
     ), "the plain state: checkpoint folded with the buffer, checkpoint untouched")
     return (
         conventional, snapshot, step,
-        _fill_kernel("advance_fill", "advance", "after replay_step: n+1, or 0 where it flushed"),
         flush_for_verify, verify,
         _fill_kernel("commit", "commit", "fill ← (0 if verify flushed first else n) + accepted"),
         flush, load,

@@ -33,7 +33,7 @@ def facts(kernel: Kernel) -> Facts:
         guards[key] = cond
         stmts[stmt.op] = stmt
     ops = set(stmts)
-    family = ("fill" if "set_fill" in ops else "replay" if "replay" in ops else "recur" if "recur" in ops
+    family = ("replay" if "replay" in ops else "fill" if "set_fill" in ops else "recur" if "recur" in ops
               else "fold" if "fold" in ops else "copy")
     drafts = "t" in stmts["row"].outs
     return Facts(family, guards, stmts, drafts)
@@ -63,6 +63,7 @@ def ids(f: Facts) -> list[str]:
 OUTSIDE_CACHE = "slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages"
 DRAFTS_UNHELD = "t < 1 || t > TMAX || t > t_tok"  # a draft count the buffers or the tokens cannot hold
 FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
+NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fill's values (commit: render_cuda)
 
 
 def fill_lines(f: Facts) -> list[str]:

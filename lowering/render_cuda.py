@@ -23,7 +23,7 @@ from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments
-from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, OUTSIDE_CACHE, STATE_ROW, Facts,
+from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             draft_row_loop, epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, shared_decls, stage_row_fields,
                             store_rows)
@@ -96,8 +96,8 @@ def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
 def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
     value = f.stmts["set_fill"].attr("value")
     update = {
-        "zero": ["fill[slot] = 0;"],
-        "advance": [f"if ({FILL_UNHELD}) return;", "fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;"],
+        "zero": [f"fill[slot] = {NEXT_FILL['zero']};"],
+        "advance": [f"if ({FILL_UNHELD}) return;", f"fill[slot] = {NEXT_FILL['advance']};"],
         "commit": ["const int t = drafts[b], a = accepted[b];",
                    f"if ({DRAFTS_UNHELD} || a < 0 || a > t || {FILL_UNHELD}) return;  // no fill past capacity",
                    "fill[slot] = ((n + t > CAPACITY) ? 0 : n) + a;"],

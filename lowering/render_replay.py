@@ -10,7 +10,7 @@ the step folds its records into the checkpoint. See docs/design.md for the math.
 from __future__ import annotations
 
 from .ir import Kernel, Program
-from .render_blocks import (CHECKPOINT_ROW, Facts, decay_between, draft_row_loop, epilogue, fields, fill_lines,
+from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields, fill_lines,
                             fold_keys, fold_rows, guarded, ids, load_records, row_field, row_loads,
                             row_records, shared_decls, stage_row_fields, state_page_lines, store_rows)
 
@@ -164,4 +164,21 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t")
                 + store_rows(CHECKPOINT_ROW.format(page="dst")))
         body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
+    if "set_fill" in f.stmts:
+        body += _last_cta_moves_fill(f.stmts["set_fill"].attr("value"))
     return body
+
+
+def _last_cta_moves_fill(value: str) -> list[str]:
+    """The fill update inside the step (no second launch): every CTA of the row reads ``fill[slot]``
+    first, so only the row's last CTA to finish may write it. Each CTA counts itself in
+    ``arrivals[slot]`` once all its threads are done (a barrier, then a fence so its reads precede
+    the count); the one that brings the count to V-tiles × heads resets it and writes the fill."""
+    return ["__syncthreads();  // every thread of this CTA is done with n",
+            "if (tid == 0) {",
+            "    __threadfence();",
+            "    if (atomicAdd(&arrivals[slot], 1) == (int)(gridDim.x * gridDim.y) - 1) {  // the row's last CTA",
+            "        arrivals[slot] = 0;",
+            f"        fill[slot] = {NEXT_FILL[value]};",
+            "    }",
+            "}"]

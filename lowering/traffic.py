@@ -66,7 +66,7 @@ def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: in
     E, R = p.shape.state_elements, record_bytes(p)
     cfg = p.config
     env = {"n": fill, "t": drafts,
-           "flush": (step_flushes(fill, cfg.window) if kernel.name in ("replay_step", "advance_fill")
+           "flush": (step_flushes(fill, cfg.window) if kernel.name == "replay_step"
                      else verify_flushes(fill, drafts, cfg.window, cfg.max_drafts))}
     t = drafts if any(s.op == "row" and "t" in s.outs for s, _ in kernel.statements()) else 1
     acc = Traffic()

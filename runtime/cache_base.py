@@ -104,7 +104,6 @@ class ReplayCacheBase:
         toks = self._check_tokens(tokens, rows, None)
         out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
         self._launch("replay_step", rows, batch, toks, out=out)
-        self._launch("advance_fill", rows, batch)
         return out[:, 0]
 
     def verify(self, slots, tokens: dict, drafts, *, src_pages=None, dst_pages=None, out=None):

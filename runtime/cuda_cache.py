@@ -176,7 +176,6 @@ class CudaReplayCache(ReplayCacheBase):
         Slots must be unique within the batch (as the host path checks)."""
         rows = int(batch["slot"].shape[0])
         self._launch("replay_step", rows, batch, tokens, out=out)
-        self._launch("advance_fill", rows, batch)
 
     def launch_verify(self, batch: dict, tokens: dict, out) -> None:
         """``tokens[name]``: device ``[B, T, ...]``; ``out``: ``[B, T, HV, V]``. A row whose draft count is

@@ -46,7 +46,6 @@ def test_rows_outside_the_cache_touch_nothing(name, row):
         toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
         out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
         cache._launch("replay_step", 1, _batch(*row), toks, out=out)
-        cache._launch("advance_fill", 1, _batch(*row))
         _assert_untouched(cache, before, f"step of row {row}")
         assert np.isnan(out).all(), "a skipped row wrote its output"
         cache.step([0], {k: v[:, 0] for k, v in toks.items()})  # move slot 0 to its next fill
@@ -88,7 +87,6 @@ def test_a_fill_past_capacity_touches_nothing():
     toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
     out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
     cache._launch("replay_step", 1, _batch(0, 0, 0), toks, out=out)
-    cache._launch("advance_fill", 1, _batch(0, 0, 0))
     _assert_untouched(cache, before, "step at a fill past capacity")
     assert np.isnan(out).all()
 

@@ -23,7 +23,7 @@ SHAPES = {name: p.shape for name, p in PRESETS.items()}
 SHAPES["odd-grouped"] = ModelShape(6, 2, 80, 96)
 SHAPES["odd-unaligned"] = ModelShape(3, 1, 60, 100)
 CASES = [(v, s) for v in sorted(variants.BUILTINS) for s in SHAPES]
-KERNELS = ["conventional_step", "snapshot_verify", "replay_step", "advance_fill", "flush_for_verify", "verify",
+KERNELS = ["conventional_step", "snapshot_verify", "replay_step", "flush_for_verify", "verify",
            "commit", "flush", "load", "reset_fill", "materialize"]
 
 

@@ -132,7 +132,7 @@ def test_snapshot_verify_writes_one_state_per_draft(preset_program, drafts):
 
 def test_commit_and_fill_kernels_move_no_state_or_records(preset_program):
     _, program = preset_program
-    for kernel in ("commit", "advance_fill", "reset_fill"):
+    for kernel in ("commit", "reset_fill"):
         assert kernel_traffic(program, kernel, 5, 3).total == 0, kernel
 
 

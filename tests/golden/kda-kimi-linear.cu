@@ -219,6 +219,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -366,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -493,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     }
 }
 
-// kernel replay_step grid=(VT, HV, B)  # append one record and read the state, or fold and flush when the buffer is full
+// kernel replay_step grid=(VT, HV, B)  # append one record and read the state, or fold and flush when the buffer is full; fill ← n+1, or 0
 //   slot, src, dst = row()
 //   n = load_fill(slot)
 //   flush = flush_rule(n) rule=step
@@ -509,6 +511,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
 //     store_state(S, dst) buffer=checkpoint
 //   when not flush:
 //     append(R, W, F, G)
+//   set_fill(slot, n) value=advance
 extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     STATE_T* __restrict__ checkpoint,
     STATE_T* __restrict__ state,
@@ -519,6 +522,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -759,48 +763,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-}
-
-// kernel advance_fill grid=(B)  # after replay_step: n+1, or 0 where it flushed
-//   slot, src, dst = row()
-//   n = load_fill(slot)
-//   set_fill(slot, n) value=advance
-extern "C" __global__ void __launch_bounds__(128) advance_fill(
-    STATE_T* __restrict__ checkpoint,
-    STATE_T* __restrict__ state,
-    STATE_T* __restrict__ snapshots,
-    const float* __restrict__ initial,
-    float* __restrict__ materialized,
-    float* __restrict__ rec_decay,
-    float* __restrict__ rec_write,
-    float* __restrict__ rec_key,
-    int* __restrict__ fill,
-    const int* __restrict__ slots,
-    const int* __restrict__ src_page,
-    const int* __restrict__ dst_page,
-    const int* __restrict__ drafts,
-    const int* __restrict__ accepted,
-    const float* __restrict__ tok_q,
-    const float* __restrict__ tok_k,
-    const float* __restrict__ tok_v,
-    const float* __restrict__ tok_g_raw,
-    const float* __restrict__ tok_b,
-    const float* __restrict__ par_A_log,
-    const float* __restrict__ par_dt_bias,
-    float* __restrict__ out,
-    int rows,
-    int t_tok,
-    int num_slots,
-    int num_pages)
-{
-    const int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= rows) return;
-    const int slot = slots[b], src = src_page[b], dst = dst_page[b];
-    if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
-    const int n = fill[slot];
-    (void)n;
-    if (n < 0 || n > CAPACITY) return;
-    fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
+    __syncthreads();  // every thread of this CTA is done with n
+    if (tid == 0) {
+        __threadfence();
+        if (atomicAdd(&arrivals[slot], 1) == (int)(gridDim.x * gridDim.y) - 1) {  // the row's last CTA
+            arrivals[slot] = 0;
+            fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
+        }
+    }
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)
@@ -822,6 +792,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -934,6 +905,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1147,6 +1119,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1193,6 +1166,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1290,6 +1264,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1340,6 +1315,7 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1384,6 +1360,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
+    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
