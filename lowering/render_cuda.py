@@ -42,14 +42,20 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
              "vector": ["#pragma unroll",
                         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }"]}[decl.decay_form]
     value = row_field(decl, "value")
-    write = (["const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));",
-              f"const float w = sh_beta[j] * ({value} - pk);"] if decl.is_delta
-             else [f"const float w = sh_beta[j] * {value};"])
+    # o = (S' + w kᵀ)·q = S'·q + w (k·q) and, for the delta rule, pk = S'·k (S' the decayed state):
+    # every dot product of the token in one multi-value reduction, none waiting on the update
+    dots = ["part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q",
+            "part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q"]
+    if decl.is_delta:
+        dots += ["part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k", "part[3] = 0.f;"]
+        write = [f"const float w = sh_beta[j] * ({value} - part[2]);"]
+    else:
+        write = [f"const float w = sh_beta[j] * {value};"]
     snapshots = f.stmts["recur"].attr("snapshots")
-    inner = decay + write + [
+    inner = decay + [f"float part[{len(dots)}];"] + dots + ["warp_sum_all(part, lane);"] + write + [
         "#pragma unroll",
         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
-        "float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));",
+        "float o = part[0] + w * part[1];",
     ] + epilogue(decl) + [
         "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
     ]

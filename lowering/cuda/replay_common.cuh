@@ -125,6 +125,17 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
     return acc;
 }
 
+// Dot product of two K vectors in shared memory, split over lanes as a row's elements (lane partial only).
+__device__ __forceinline__ float vec_dot_partial(const float* __restrict__ a, const float* __restrict__ x, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        if (e < K) acc += a[e] * x[e];
+    }
+    return acc;
+}
+
 // Asynchronous global → shared copies (cp.async, sm_80+): no registers, no wait until cp_async_wait.
 // A source size of 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {

@@ -161,6 +161,17 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
     return acc;
 }
 
+// Dot product of two K vectors in shared memory, split over lanes as a row's elements (lane partial only).
+__device__ __forceinline__ float vec_dot_partial(const float* __restrict__ a, const float* __restrict__ x, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        if (e < K) acc += a[e] * x[e];
+    }
+    return acc;
+}
+
 // Asynchronous global → shared copies (cp.async, sm_80+): no registers, no wait until cp_async_wait.
 // A source size of 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
@@ -326,11 +337,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             const float a = sh_g[j];
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float part[4];
+            part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
+            part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q
+            part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
+            part[3] = 0.f;
+            warp_sum_all(part, lane);
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[2]);
             #pragma unroll
             for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            float o = part[0] + w * part[1];
             if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
         }
     }
@@ -466,11 +482,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
             const float a = sh_g[j];
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            const float pk = warp_sum(row_dot_partial(s[r], sh_key + j * K, lane));
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float part[4];
+            part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
+            part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q
+            part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
+            part[3] = 0.f;
+            warp_sum_all(part, lane);
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[2]);
             #pragma unroll
             for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = warp_sum(row_dot_partial(s[r], sh_q + j * K, lane));
+            float o = part[0] + w * part[1];
             if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
             if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
         }
