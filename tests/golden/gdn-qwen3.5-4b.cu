@@ -163,13 +163,10 @@ __device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const flo
 
 // Dot product of two K vectors in shared memory, split over lanes as a row's elements (lane partial only).
 __device__ __forceinline__ float vec_dot_partial(const float* __restrict__ a, const float* __restrict__ x, int lane) {
-    float acc = 0.f;
+    float lane_a[KE];
 #pragma unroll
-    for (int i = 0; i < KE; ++i) {
-        const int e = k_index(i, lane);
-        if (e < K) acc += a[e] * x[e];
-    }
-    return acc;
+    for (int i = 0; i < KE; ++i) lane_a[i] = (k_index(i, lane) < K) ? a[k_index(i, lane)] : 0.f;
+    return row_dot_partial(lane_a, x, lane);
 }
 
 // Asynchronous global → shared copies (cp.async, sm_80+): no registers, no wait until cp_async_wait.
