@@ -43,25 +43,25 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
                         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }"]}[decl.decay_form]
     value = row_field(decl, "value")
     # o = (S' + w kᵀ)·q = S'·q + w (k·q) and, for the delta rule, pk = S'·k (S' the decayed state):
-    # every dot product of the token in one multi-value reduction, none waiting on the update
-    dots = ["part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q",
-            "part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q"]
+    # k·q once per token; a row's dot products in one multi-value reduction, none waiting on the update
+    per_token = ["const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q"]
+    dots = ["part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q"]
     if decl.is_delta:
-        dots += ["part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k", "part[3] = 0.f;"]
-        write = [f"const float w = sh_beta[j] * ({value} - part[2]);"]
+        dots += ["part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k"]
+        write = [f"const float w = sh_beta[j] * ({value} - part[1]);"]
     else:
         write = [f"const float w = sh_beta[j] * {value};"]
     snapshots = f.stmts["recur"].attr("snapshots")
     inner = decay + [f"float part[{len(dots)}];"] + dots + ["warp_sum_all(part, lane);"] + write + [
         "#pragma unroll",
         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
-        "float o = part[0] + w * part[1];",
+        "float o = part[0] + w * kq;",
     ] + epilogue(decl) + [
         "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
     ]
     if snapshots:
         inner.append("if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);")
-    body += draft_row_loop(inner)
+    body += draft_row_loop(inner, per_token=per_token)
     if not snapshots:
         body += store_rows(STATE_ROW.format(page="dst"))
     return body

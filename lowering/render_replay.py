@@ -173,12 +173,15 @@ def _last_cta_moves_fill(value: str) -> list[str]:
     """The fill update inside the step (no second launch): every CTA of the row reads ``fill[slot]``
     first, so only the row's last CTA to finish may write it. Each CTA counts itself in
     ``arrivals[slot]`` once all its threads are done (a barrier, then a fence so its reads precede
-    the count); the one that brings the count to V-tiles × heads resets it and writes the fill."""
+    the count); the one that brings the count to V-tiles × heads (``atomicInc`` wraps it back to 0)
+    writes the fill. Slots must be unique within a batch (the host checks; device batches must too)."""
     return ["__syncthreads();  // every thread of this CTA is done with n",
             "if (tid == 0) {",
-            "    __threadfence();",
-            "    if (atomicAdd(&arrivals[slot], 1) == (int)(gridDim.x * gridDim.y) - 1) {  // the row's last CTA",
-            "        arrivals[slot] = 0;",
+            "    const unsigned int ctas = gridDim.x * gridDim.y;",
+            "    __threadfence();  // release: this CTA's reads of n come before its arrival",
+            "    // atomicInc wraps to 0 at the count, so the counter is left zero with no separate store",
+            "    if (atomicInc(reinterpret_cast<unsigned int*>(arrivals) + slot, ctas - 1) == ctas - 1) {",
+            "        __threadfence();  // acquire: every other CTA's arrival comes before the write",
             f"        fill[slot] = {NEXT_FILL[value]};",
             "    }",
             "}"]

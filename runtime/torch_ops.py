@@ -2,7 +2,8 @@
 only where it is installed).
 
 ``TorchReplayCache`` owns a CPU or CUDA replay cache and exposes its state (checkpoint pages, record
-buffers, fills) as torch tensors that share the cache's memory. The operators
+buffers, fills, the step's per-slot arrival counters; ``.names`` lists them) as torch tensors that
+share the cache's memory. The operators
 
     torch.ops.replayssm.step(key, state, slot, src_page, dst_page, tokens) -> out [B, HV, V]
     torch.ops.replayssm.verify(key, state, slot, src_page, dst_page, drafts, tokens) -> out [B, T, HV, V]

@@ -328,22 +328,21 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
+        const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
             const float a = sh_g[j];
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            float part[4];
+            float part[2];
             part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
-            part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q
-            part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
-            part[3] = 0.f;
+            part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
             warp_sum_all(part, lane);
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[2]);
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[1]);
             #pragma unroll
             for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = part[0] + w * part[1];
+            float o = part[0] + w * kq;
             if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
         }
     }
@@ -473,22 +472,21 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
+        const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q
         #pragma unroll
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r, row = v0 + rr;
             const float a = sh_g[j];
             #pragma unroll
             for (int i = 0; i < KE; ++i) s[r][i] *= a;
-            float part[4];
+            float part[2];
             part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
-            part[1] = vec_dot_partial(sh_key + j * K, sh_q + j * K, lane);  // k·q
-            part[2] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
-            part[3] = 0.f;
+            part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
             warp_sum_all(part, lane);
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[2]);
+            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[1]);
             #pragma unroll
             for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = part[0] + w * part[1];
+            float o = part[0] + w * kq;
             if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
             if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
         }
@@ -751,9 +749,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     __syncthreads();  // every thread of this CTA is done with n
     if (tid == 0) {
-        __threadfence();
-        if (atomicAdd(&arrivals[slot], 1) == (int)(gridDim.x * gridDim.y) - 1) {  // the row's last CTA
-            arrivals[slot] = 0;
+        const unsigned int ctas = gridDim.x * gridDim.y;
+        __threadfence();  // release: this CTA's reads of n come before its arrival
+        // atomicInc wraps to 0 at the count, so the counter is left zero with no separate store
+        if (atomicInc(reinterpret_cast<unsigned int*>(arrivals) + slot, ctas - 1) == ctas - 1) {
+            __threadfence();  // acquire: every other CTA's arrival comes before the write
             fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
         }
     }
