@@ -18,11 +18,12 @@ SMS_H200 = 132
 @dataclass(frozen=True)
 class LaunchConfig:
     """Threads of a tiled kernel: ``warps`` per CTA, ``rows_per_warp`` state rows per warp; ``max_registers``
-    per thread (128 or 64: the second lets twice the CTAs share an SM, if the kernels fit)."""
+    per thread (under 128, more CTAs share an SM if the kernels fit: 80 lets 6 CTAs of 4 warps, 64 lets 8)."""
 
     warps: int = 4
     rows_per_warp: int = 4
     max_registers: int = 128
+    eager_records: bool = False  # the step stages the whole buffer before its fill arrives (latency over bytes)
 
     @property
     def threads(self) -> int:
@@ -35,8 +36,10 @@ class LaunchConfig:
 
     @property
     def label(self) -> str:
-        """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128."""
-        return f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
+        """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128 and ``/e`` for
+        eager records."""
+        return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
+                + ("/e" if self.eager_records else ""))
 
     @property
     def rows_per_cta(self) -> int:

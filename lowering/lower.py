@@ -14,7 +14,7 @@ The kernels (DESIGN.md §2, "Kernels per variant"):
 - ``materialize``        S = checkpoint folded with the buffer, written to an output array
 
 Every CTA of a slot reads the fill first, so the step's fill update is made by the slot's last CTA
-to finish (an arrival counter per slot); commit, reset_fill are tiny kernels of their own. For the
+to have read it (an arrival counter per slot); commit, reset_fill are tiny kernels of their own. For the
 same reason a verify that needs room folds the buffer in a launch of its own (other V-tiles still
 read the old records' keys and decays) and then reads the folded checkpoint from ``dst``.
 """

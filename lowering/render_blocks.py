@@ -67,13 +67,25 @@ NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fil
 
 
 def fill_lines(f: Facts) -> list[str]:
-    """Row checks (null slot; slot, pages, draft count or fill outside what the buffers hold: the row
-    touches nothing), then the slot's buffer fill and the flush decision."""
+    """Row checks, then the slot's buffer fill and the flush decision."""
+    return row_check_lines(f) + fill_load_lines(f)
+
+
+def row_check_lines(f: Facts) -> list[str]:
+    """Null slot; slot, pages or draft count outside what the buffers hold: the row touches nothing."""
     lines = [f"if ({OUTSIDE_CACHE}) return;  // a null slot (padded row), or indices outside this cache"]
     if f.drafts:
         lines.append(f"if ({DRAFTS_UNHELD}) return;")
+    return lines
+
+
+def fill_load_lines(f: Facts, copies_in_flight: bool = False) -> list[str]:
+    """The slot's buffer fill (a fill no kernel writes: the row touches nothing) and the flush decision;
+    with ``copies_in_flight`` a row that stops here first waits for its asynchronous copies."""
+    lines = []
     if "load_fill" in f.stmts:
-        lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) return;"]
+        stop = "{ cp_async_wait(); return; }" if copies_in_flight else "return;"
+        lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) {stop}"]
     elif f.family != "copy":
         lines.append("const int n = 0;")
     if "flush_rule" in f.stmts:
@@ -162,17 +174,17 @@ def epilogue(decl) -> list[str]:
     return lines
 
 
-def load_records(decl) -> list[str]:
-    """Start the asynchronous copies of the buffer's keys (and decays) and of the write records of the
-    CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them)."""
+def load_records(decl, count: str = "n") -> list[str]:
+    """Start the asynchronous copies of the buffer's first ``count`` keys (and decays) and of the write
+    records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them)."""
     khead = "hk" if decl.key_level == "group" else "hv"
     wide = "VEC == 4"
-    lines = [f"stage_floats<{wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, n * K, tid);"]
+    lines = [f"stage_floats<{wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, {count} * K, tid);"]
     if decl.decay_form == "scalar":
-        lines.append("stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);")
+        lines.append(f"stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, {count}, tid);")
     elif decl.decay_form == "vector":
-        lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, n * K, tid);")
-    lines.append("stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);")
+        lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, {count} * K, tid);")
+    lines.append(f"stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, {count}, v0, tid);")
     return lines
 
 

@@ -10,9 +10,10 @@ the step folds its records into the checkpoint. See docs/design.md for the math.
 from __future__ import annotations
 
 from .ir import Kernel, Program
-from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields, fill_lines,
-                            fold_keys, fold_rows, guarded, ids, load_records, row_field, row_loads,
-                            row_records, shared_decls, stage_row_fields, state_page_lines, store_rows)
+from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields,
+                            fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
+                            row_field, row_loads, row_records, shared_decls, stage_row_fields, state_page_lines,
+                            store_rows)
 
 
 def _cumulate(decl) -> list[str]:
@@ -133,14 +134,24 @@ def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:
 
 def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True) + fill_lines(f)
-    if "empty_records" in f.stmts:
-        body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-    body += state_page_lines(f)
-    body += row_loads(CHECKPOINT_ROW.format(page="page"))
-    body += fields(decl, "replay") + stage_row_fields(decl)
-    body += guarded(f.guards.get("load_records", ""), load_records(decl))
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True) + row_check_lines(f)
+    state = state_page_lines(f) + row_loads(CHECKPOINT_ROW.format(page="page"))
+    if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
+        body += fill_load_lines(f)  # the page read depends on the fill
+        if "empty_records" in f.stmts:
+            body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
+        body += state
+        body += fields(decl, "replay") + stage_row_fields(decl)
+        body += guarded(f.guards.get("load_records", ""), load_records(decl))
+    else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
+        assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
+        body += state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
+        body += fill_load_lines(f, copies_in_flight=True)
+        body += fields(decl, "replay") + stage_row_fields(decl)
+        body += guarded("!EAGER_RECORDS", load_records(decl))
     body += ["cp_async_wait();", "__syncthreads();"]
+    if "set_fill" in f.stmts:
+        body += _arrive()
     body += _cumulate(decl)
     body.append("__syncthreads();")
     body += _scores(decl)
@@ -165,23 +176,22 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
                 + store_rows(CHECKPOINT_ROW.format(page="dst")))
         body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
     if "set_fill" in f.stmts:
-        body += _last_cta_moves_fill(f.stmts["set_fill"].attr("value"))
+        body += _last_arrival_moves_fill(f.stmts["set_fill"].attr("value"))
     return body
 
 
-def _last_cta_moves_fill(value: str) -> list[str]:
-    """The fill update inside the step (no second launch): every CTA of the row reads ``fill[slot]``
-    first, so only the row's last CTA to finish may write it. Each CTA counts itself in
-    ``arrivals[slot]`` once all its threads are done (a barrier, then a fence so its reads precede
-    the count); the one that brings the count to V-tiles × heads (``atomicInc`` wraps it back to 0)
-    writes the fill. Slots must be unique within a batch (the host checks; device batches must too)."""
-    return ["__syncthreads();  // every thread of this CTA is done with n",
-            "if (tid == 0) {",
-            "    const unsigned int ctas = gridDim.x * gridDim.y;",
-            "    __threadfence();  // release: this CTA's reads of n come before its arrival",
-            "    // atomicInc wraps to 0 at the count, so the counter is left zero with no separate store",
-            "    if (atomicInc(reinterpret_cast<unsigned int*>(arrivals) + slot, ctas - 1) == ctas - 1) {",
-            "        __threadfence();  // acquire: every other CTA's arrival comes before the write",
-            f"        fill[slot] = {NEXT_FILL[value]};",
-            "    }",
+def _arrive() -> list[str]:
+    """The fill update inside the step (no second launch): every CTA of the row reads ``fill[slot]``,
+    so only the row's last CTA to have read it may write it. Past the first barrier every thread of
+    the CTA has used its ``n``: thread 0 counts the CTA in ``arrivals[slot]`` there (release), and
+    the arrival that brings the count to V-tiles × heads (``atomicInc`` wraps it back to 0) writes
+    the fill at the end. Slots must be unique within a batch (the host checks; device batches must too)."""
+    return ["unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n",
+            "if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, gridDim.x * gridDim.y - 1);"]
+
+
+def _last_arrival_moves_fill(value: str) -> list[str]:
+    return ["if (tid == 0 && arrival == gridDim.x * gridDim.y - 1) {",
+            "    __threadfence();  // acquire: every CTA's read of n comes before the write",
+            f"    fill[slot] = {NEXT_FILL[value]};",
             "}"]

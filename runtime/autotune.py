@@ -13,6 +13,7 @@ Caches consult the table before falling back to ``choose_launch``'s rule. Needs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -25,7 +26,9 @@ from .benchmark import capture_graphs, mixed_steady_state, time_graphs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
-              LaunchConfig(4, 10), LaunchConfig(8, 10))  # 40- and 80-row CTAs: no rows wasted at V = 80
+              LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
+              LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
+              LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True))
 
 
 GROUPS = ("replay", "verify", "conventional")
@@ -104,7 +107,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
     best = min(timings, key=timings.get)
     table = load_table()
     table[table_key(program, rows, group)] = {
-        "launch": {"warps": best.warps, "rows_per_warp": best.rows_per_warp, "max_registers": best.max_registers},
+        "launch": dataclasses.asdict(best),
         "ms": {c.label: t for c, t in timings.items()}}
     path = knobs.autotune_cache()
     path.parent.mkdir(parents=True, exist_ok=True)

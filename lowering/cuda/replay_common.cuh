@@ -144,6 +144,14 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
+// operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
+// + 1, so the last arrival sees `last` and leaves the counter zero.
+__device__ __forceinline__ unsigned int arrive_release(unsigned int* counter, unsigned int last) {
+    unsigned int old;
+    asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(last) : "memory");
+    return old;
+}
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.

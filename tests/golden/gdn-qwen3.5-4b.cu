@@ -33,6 +33,7 @@
 #define RPW 4
 #define BV 16
 #define THREADS 128
+#define EAGER_RECORDS 0
 typedef float STATE_T;
 
 // replay_common.cuh — hand-written device helpers shared by every generated ReplaySSM kernel.
@@ -180,6 +181,14 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
+// operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
+// + 1, so the last arrival sees `last` and leaves the counter zero.
+__device__ __forceinline__ unsigned int arrive_release(unsigned int* counter, unsigned int last) {
+    unsigned int old;
+    asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(last) : "memory");
+    return old;
+}
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.
@@ -558,9 +567,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;
-    const bool flush = n + 1 >= WINDOW;
     int page = src;
     float s[RPW][KE];
     #pragma unroll
@@ -572,6 +578,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
+    if (EAGER_RECORDS) {
+        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, CAPACITY * K, tid);
+        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, CAPACITY, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, CAPACITY, v0, tid);
+    }
+    int n = fill[slot];
+    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
+    const bool flush = n + 1 >= WINDOW;
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -628,11 +642,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             sh_value[x] = 0.f;
         }
     }
-    stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-    stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
-    stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    if (!EAGER_RECORDS) {
+        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    }
     cp_async_wait();
     __syncthreads();
+    unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n
+    if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, gridDim.x * gridDim.y - 1);
     for (int x = tid; x < t * K; x += THREADS) {
         const int j = x / K, e = x % K;
         float acc = n ? sh_G[n - 1] : 0.f;
@@ -747,15 +765,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    __syncthreads();  // every thread of this CTA is done with n
-    if (tid == 0) {
-        const unsigned int ctas = gridDim.x * gridDim.y;
-        __threadfence();  // release: this CTA's reads of n come before its arrival
-        // atomicInc wraps to 0 at the count, so the counter is left zero with no separate store
-        if (atomicInc(reinterpret_cast<unsigned int*>(arrivals) + slot, ctas - 1) == ctas - 1) {
-            __threadfence();  // acquire: every other CTA's arrival comes before the write
-            fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
-        }
+    if (tid == 0 && arrival == gridDim.x * gridDim.y - 1) {
+        __threadfence();  // acquire: every CTA's read of n comes before the write
+        fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
     }
 }
 
