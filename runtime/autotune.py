@@ -27,6 +27,7 @@ from .benchmark import capture_graphs, mixed_steady_state, time_graphs
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
               LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
+              LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
               LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
               LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True))
 
