@@ -24,6 +24,7 @@ class LaunchConfig:
     rows_per_warp: int = 4
     max_registers: int = 128
     eager_records: bool = False  # the step stages the whole buffer before its fill arrives (latency over bytes)
+    verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
 
     @property
     def threads(self) -> int:
@@ -36,10 +37,17 @@ class LaunchConfig:
 
     @property
     def label(self) -> str:
-        """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128 and ``/e`` for
-        eager records."""
+        """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
+        eager records and ``/p10`` for verify's rows per pass when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
-                + ("/e" if self.eager_records else ""))
+                + ("/e" if self.eager_records else "")
+                + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else ""))
+
+    @property
+    def verify_rows(self) -> int:
+        """Verify's rows per pass through the drafts: ``verify_rows_per_pass``, or by default 8 (all of
+        a warp's rows in one pass spill at 16 rows for some declarations, at 10 for some shapes)."""
+        return min(self.verify_rows_per_pass or 8, self.rows_per_warp)
 
     @property
     def rows_per_cta(self) -> int:

@@ -258,7 +258,7 @@ def fold_rows(decl, last: str, count: str) -> list[str]:
         "}"]
 
 
-def draft_row_loop(inner: list[str], chunk: int | None = None, per_token: list[str] = ()) -> list[str]:
+def draft_row_loop(inner: list[str], chunk: str | None = None, per_token: list[str] = ()) -> list[str]:
     """Drafts outside (sequential), the warp's rows inside: unrolled and branch-free, so the rows'
     shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``).
     With ``chunk``, the rows go ``chunk`` at a time through all drafts (rows are independent): fewer

@@ -143,7 +143,8 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "KEY_HEADS": shape.key_heads if decl.key_level == "group" else shape.heads,
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
-              "BV": launch.rows_per_cta, "THREADS": launch.threads, "EAGER_RECORDS": int(launch.eager_records)}
+              "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
+              "EAGER_RECORDS": int(launch.eager_records)}
     return [f"#define {name} {value}" for name, value in consts.items()]
 
 

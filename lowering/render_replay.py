@@ -76,13 +76,13 @@ def _per_draft_store(f: Facts) -> str:
     return "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
 
 
-VERIFY_ROW_CHUNK = 8  # verify's rows per pass through the drafts (16 rows per warp spill for some declarations)
 REC_WRITE_STORE = "if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
 
 
 def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
-    """Drafts one after another, the warp's rows inside, ``VERIFY_ROW_CHUNK`` rows at a time through
-    all drafts (fewer reductions in flight, so 16 rows per warp fit without spilling). Draft j's key
+    """Drafts one after another, the warp's rows inside, ``VPASS`` rows at a time through all drafts
+    (``LaunchConfig.verify_rows``: fewer reductions in flight, so 16 rows per warp fit without
+    spilling). Draft j's key
     projection and output each take one warp reduction over the row's registers and the records
     before it (lane i < n + j holds record i's write, draft j's written into lane n + j). Measured
     faster for verify than one reduction of all drafts' parts per row (whose cost does not shrink with
@@ -100,7 +100,7 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
     ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here"]
     if append_guard is not None:
         inner += guarded(append_guard, [REC_WRITE_STORE])
-    return draft_row_loop(inner, chunk=VERIFY_ROW_CHUNK)
+    return draft_row_loop(inner, chunk="VPASS")
 
 
 def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:

@@ -28,13 +28,25 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
               LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
               LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
-              LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
-              LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True))
+              LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80))  # 6 CTAs per SM
+# Options that change one group's kernels only, tried in that group alone: eager records (the replay
+# step, small batches) and verify's rows in one pass through the drafts (where that builds clean).
+GROUP_EXTRAS = {
+    "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True)),
+    "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
+               LaunchConfig(4, 16, verify_rows_per_pass=16)),
+    "conventional": (),
+}
 
 
-GROUPS = ("replay", "verify", "conventional")
+GROUPS = tuple(GROUP_EXTRAS)
 VERIFY_KERNELS = ("flush_for_verify", "verify")
 CONVENTIONAL_KERNELS = ("conventional_step", "snapshot_verify")
+
+
+def candidates(group: str) -> tuple[LaunchConfig, ...]:
+    """The launch shapes ``tune_step`` times for ``group``."""
+    return CANDIDATES + GROUP_EXTRAS[group]
 
 
 def group_of(kernel: str) -> str:
@@ -77,7 +89,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
 
     timings = {}
     rng = np.random.default_rng(0)
-    for launch in CANDIDATES:
+    for launch in candidates(group):
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
         if cache.compiled.local_memory() != {}:
             continue  # does not build, or spills
@@ -103,7 +115,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         program = cache.program
         del cache
     if not timings:
-        raise LoweringError(f"no launch candidate of {[c.label for c in CANDIDATES]} builds without spills for "
+        raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds without spills for "
                             f"{decl.name!r} at {shape}")
     best = min(timings, key=timings.get)
     table = load_table()

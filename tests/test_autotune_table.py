@@ -49,3 +49,31 @@ def test_a_missing_or_broken_table_means_no_entry(program, tmp_path, monkeypatch
     broken.write_text("{not json")
     monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(broken))
     assert autotune.lookup(program, 256) is None
+
+
+def test_group_options_are_tried_in_their_group_only():
+    """Eager records change only the replay step, one-pass verify only verify: each is tuned where it
+    matters, and a label names every option so a table entry reads back as what was timed."""
+    replay, verify, conventional = (autotune.candidates(g) for g in ("replay", "verify", "conventional"))
+    assert any(c.eager_records for c in replay) and not any(c.eager_records for c in verify + conventional)
+    assert any(c.verify_rows_per_pass for c in verify) and not any(c.verify_rows_per_pass for c in replay + conventional)
+    assert set(autotune.CANDIDATES) <= set(replay) & set(verify) & set(conventional)
+    labels = [c.label for g in autotune.GROUPS for c in autotune.candidates(g)]
+    assert len(labels) == len(set(labels)) + len(autotune.CANDIDATES) * (len(autotune.GROUPS) - 1)
+    assert LaunchConfig(8, 4, max_registers=64, eager_records=True).label == "8x4/r64/e"
+    assert LaunchConfig(8, 10, verify_rows_per_pass=10).label == "8x10/p10"
+
+
+def test_verify_rows_per_pass():
+    assert LaunchConfig(4, 16).verify_rows == 8, "by default 8 rows per pass (16 in one pass spill for some declarations)"
+    assert LaunchConfig(4, 4).verify_rows == 4
+    assert LaunchConfig(8, 10, verify_rows_per_pass=10).verify_rows == 10
+
+
+def test_a_tuned_entry_round_trips_every_option(program, tmp_path, monkeypatch):
+    import dataclasses
+    table = tmp_path / "autotune.json"
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(table))
+    for launch in (LaunchConfig(4, 4, eager_records=True), LaunchConfig(4, 16, verify_rows_per_pass=16)):
+        table.write_text(json.dumps({autotune.table_key(program, 1): {"launch": dataclasses.asdict(launch)}}))
+        assert autotune.lookup(program, 1) == launch

@@ -45,6 +45,31 @@ def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
 
 
 @pytest.mark.nvrtc
+@pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
+def test_group_options_compile_without_spills(variant, shape):
+    """The autotuner's group options render code the default launch never compiles (the step's eager
+    record staging, verify's rows in one pass): each builds clean for the built-in shapes, where it
+    builds at all (shared memory)."""
+    from replayssm_dsl.runtime.autotune import GROUP_EXTRAS
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    program = lower(variants.get(variant), SHAPES[shape], ReplayConfig())
+    built = 0
+    for launch in GROUP_EXTRAS["replay"] + GROUP_EXTRAS["verify"]:
+        src = render_program(program, launch)
+        assert f"#define EAGER_RECORDS {int(launch.eager_records)}" in src
+        assert f"#define VPASS {launch.verify_rows}" in src
+        try:
+            result = compile_cubin(src, f"{variant}-{launch.label.replace('/', '-')}.cu")
+        except RuntimeError as exc:
+            assert "too much shared data" in str(exc), exc
+            continue
+        built += 1
+        for name, res in result.resources.items():
+            assert res.clean, f"{launch.label} {name}: {res}"
+    assert built >= 4
+
+
+@pytest.mark.nvrtc
 @pytest.mark.parametrize("state_dtype", ["float16", "bfloat16"])
 def test_half_precision_checkpoints_compile(state_dtype):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin

@@ -287,8 +287,9 @@ def test_gpu_torch_tensors_and_stream_without_copies():
 
 def _launch_shapes():
     from replayssm_dsl.lowering.launch import LaunchConfig
-    from replayssm_dsl.runtime.autotune import CANDIDATES
-    return list(dict.fromkeys(CANDIDATES + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
+    from replayssm_dsl.runtime.autotune import GROUPS, candidates
+    every = tuple(c for group in GROUPS for c in candidates(group))
+    return list(dict.fromkeys(every + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
 
 
 @pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)

@@ -33,6 +33,7 @@
 #define RPW 4
 #define BV 16
 #define THREADS 128
+#define VPASS 4
 #define EAGER_RECORDS 0
 typedef float STATE_T;
 
@@ -1072,10 +1073,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     #pragma unroll
-    for (int c = 0; c < RPW; c += 8) {  // compile-time row indices after unrolling
+    for (int c = 0; c < RPW; c += VPASS) {  // compile-time row indices after unrolling
         for (int j = 0; j < t; ++j) {
             #pragma unroll
-            for (int r = c; r < c + 8 && r < RPW; ++r) {
+            for (int r = c; r < c + VPASS && r < RPW; ++r) {
                 const int rr = warp * RPW + r, row = v0 + rr;
                 const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
                 const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
