@@ -26,6 +26,13 @@ class LaunchConfig:
     eager_records: bool = False  # the step stages the whole buffer before its fill arrives (latency over bytes)
     verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
 
+    def __post_init__(self):
+        for name in ("warps", "rows_per_warp", "max_registers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive int, got {getattr(self, name)!r}")
+        if not isinstance(self.verify_rows_per_pass, int) or self.verify_rows_per_pass < 0:
+            raise ValueError(f"verify_rows_per_pass: expected an int >= 0 (0: the default), got {self.verify_rows_per_pass!r}")
+
     @property
     def threads(self) -> int:
         return 32 * self.warps

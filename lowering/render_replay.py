@@ -145,6 +145,7 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         body += guarded(f.guards.get("load_records", ""), load_records(decl))
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
+        # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         body += state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
         body += fill_load_lines(f, copies_in_flight=True)
         body += fields(decl, "replay") + stage_row_fields(decl)

@@ -71,8 +71,12 @@ def load_table() -> dict:
 
 
 def lookup(program, rows: int, group: str = "replay") -> LaunchConfig | None:
+    """The tuned launch shape, or None (no entry, or one this version cannot read: it is re-tuned)."""
     entry = load_table().get(table_key(program, rows, group))
-    return LaunchConfig(**entry["launch"]) if entry else None
+    try:
+        return LaunchConfig(**entry["launch"]) if entry else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,

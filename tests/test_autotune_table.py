@@ -77,3 +77,19 @@ def test_a_tuned_entry_round_trips_every_option(program, tmp_path, monkeypatch):
     for launch in (LaunchConfig(4, 4, eager_records=True), LaunchConfig(4, 16, verify_rows_per_pass=16)):
         table.write_text(json.dumps({autotune.table_key(program, 1): {"launch": dataclasses.asdict(launch)}}))
         assert autotune.lookup(program, 1) == launch
+
+
+def test_an_entry_this_version_cannot_read_is_no_entry(program, tmp_path, monkeypatch):
+    table = tmp_path / "autotune.json"
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(table))
+    for launch in ({"warps": 4, "rows_per_warp": 8, "from_a_newer_version": 1}, {"warps": 0}, "4x8"):
+        table.write_text(json.dumps({autotune.table_key(program, 8): {"launch": launch}}))
+        assert autotune.lookup(program, 8) is None, launch
+    table.write_text(json.dumps({autotune.table_key(program, 8): {"ms": {}}}))
+    assert autotune.lookup(program, 8) is None
+
+
+@pytest.mark.parametrize("bad", [{"warps": 0}, {"rows_per_warp": -1}, {"verify_rows_per_pass": -8}, {"max_registers": 64.0}])
+def test_launch_config_refuses_what_no_kernel_can_run(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        LaunchConfig(**bad)
