@@ -49,6 +49,7 @@ if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time g
   for kernel in replay_step conventional_step flush; do
     ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section InstructionStats \
         python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/profile-$kernel.log" 2>&1
     rc=$?
     summary+=("ncu $kernel: rc=$rc, see profile-$kernel.log: $(grep -E ' Duration |Memory Throughput' "$OUT/profile-$kernel.log" | head -2 | tr -s ' ' | tr '\n' ';')")
