@@ -115,6 +115,15 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
+def cmd_compare(args) -> int:
+    from .bench_compare import main as compare_main
+    try:
+        return compare_main(args)
+    except ValueError as exc:
+        print(f"replayssm: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replayssm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", default="1,8,32,128,256,512")
     p.add_argument("--presets", default=",".join(PRESETS))
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 
