@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
 # Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] | all
+# (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
 # (default: all, which leaves out profile; after bench, profile uses the launch shapes bench tuned)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -44,6 +45,9 @@ if wants hf; then
 fi
 if wants bench; then
   python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  if [[ -n ${BENCH_BASELINE:-} ]]; then  # a committed results.json: new / old per kernel, copy column = machine variance
+    python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
+  fi
 fi
 if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time goes (PROFILE_ARGS: --preset, --batch)
   for kernel in replay_step conventional_step flush; do
