@@ -28,8 +28,9 @@ class LaunchConfig:
 
     def __post_init__(self):
         for name in ("warps", "rows_per_warp", "max_registers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive int, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if not isinstance(self.verify_rows_per_pass, int) or self.verify_rows_per_pass < 0:
             raise ValueError(f"verify_rows_per_pass: expected an int >= 0 (0: the default), got {self.verify_rows_per_pass!r}")
 

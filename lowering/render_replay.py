@@ -136,20 +136,18 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
     body = ids(f) + shared_decls(decl, f.drafts, replay=True) + row_check_lines(f)
     state = state_page_lines(f) + row_loads(CHECKPOINT_ROW.format(page="page"))
+    token_fields = fields(decl, "replay") + stage_row_fields(decl)
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-        body += state
-        body += fields(decl, "replay") + stage_row_fields(decl)
-        body += guarded(f.guards.get("load_records", ""), load_records(decl))
+        body += state + token_fields + guarded(f.guards.get("load_records", ""), load_records(decl))
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         body += state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
         body += fill_load_lines(f, copies_in_flight=True)
-        body += fields(decl, "replay") + stage_row_fields(decl)
-        body += guarded("!EAGER_RECORDS", load_records(decl))
+        body += token_fields + guarded("!EAGER_RECORDS", load_records(decl))
     body += ["cp_async_wait();", "__syncthreads();"]
     if "set_fill" in f.stmts:
         body += _arrive()
@@ -187,12 +185,13 @@ def _arrive() -> list[str]:
     the CTA has used its ``n``: thread 0 counts the CTA in ``arrivals[slot]`` there (release), and
     the arrival that brings the count to V-tiles × heads (``atomicInc`` wraps it back to 0) writes
     the fill at the end. Slots must be unique within a batch (the host checks; device batches must too)."""
-    return ["unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n",
-            "if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, gridDim.x * gridDim.y - 1);"]
+    return ["const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one",
+            "unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n",
+            "if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);"]
 
 
 def _last_arrival_moves_fill(value: str) -> list[str]:
-    return ["if (tid == 0 && arrival == gridDim.x * gridDim.y - 1) {",
+    return ["if (tid == 0 && arrival == last_arrival) {",
             "    __threadfence();  // acquire: every CTA's read of n comes before the write",
             f"    fill[slot] = {NEXT_FILL[value]};",
             "}"]

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TIMED = (("conv", "conventional_step"), ("replay", "replay_step"), ("flush", "flush"), ("ver2", "verify_T2"),
-         ("ver8", "verify_T8"), ("snap8", "snapshot_verify_T8"), ("fla", "fla_step"), ("copy", "copy_floor"))
+from replayssm_dsl.errors import InputError
+
+from .benchmark import COLUMNS
+
+TIMED = tuple((name, key) for name, key, _ in COLUMNS if key not in ("B", "launch"))  # the table's times, in its order
 
 
 def load_results(path) -> dict:
@@ -20,7 +23,7 @@ def load_results(path) -> dict:
         rows = json.loads(Path(path).read_text())
         return {(r["preset"], r["B"]): r for r in rows}
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"{path}: not a replayssm bench results.json ({exc})") from exc
+        raise InputError(f"{path}: not a replayssm bench results.json ({exc})") from exc
 
 
 def compare(old: dict, new: dict) -> list[str]:
@@ -39,7 +42,7 @@ def main(args) -> int:
     old, new = load_results(args.old), load_results(args.new)
     lines = compare(old, new)
     if len(lines) == 2:
-        raise ValueError(f"{args.old} and {args.new} share no (preset, batch) row")
+        raise InputError(f"{args.old} and {args.new} share no (preset, batch) row")
     print(f"new / old time per kernel ({args.new} over {args.old}); below 1 is faster")
     print("\n".join(lines))
     return 0

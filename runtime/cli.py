@@ -117,11 +117,7 @@ def cmd_bench(args) -> int:
 
 def cmd_compare(args) -> int:
     from .bench_compare import main as compare_main
-    try:
-        return compare_main(args)
-    except ValueError as exc:
-        print(f"replayssm: error: {exc}", file=sys.stderr)
-        return 2
+    return compare_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
