@@ -75,6 +75,13 @@ def choose_launch(shape, rows: int) -> LaunchConfig:
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
 
 
+def rows_reduced(launch: LaunchConfig, delta: bool) -> int:
+    """Rows whose parts the one-token replay step reduces together: a power of two, at most 16 values
+    (the output part, and the key projection for delta rules) in one reduction."""
+    parts = 2 if delta else 1
+    return min(16 // parts, 1 << (launch.rows_per_warp - 1).bit_length())
+
+
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     """``(C type, name)`` of every kernel argument, in order; the runtime passes them in this order."""
     st = "STATE_T*"

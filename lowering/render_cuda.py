@@ -22,7 +22,7 @@ from pathlib import Path
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import FILL_THREADS, LaunchConfig, kernel_arguments
+from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, rows_reduced
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             draft_row_loop, epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, shared_decls, stage_row_fields,
@@ -144,6 +144,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
+              "PARTS": 2 if decl.is_delta else 1, "ROWS_REDUCED": rows_reduced(launch, decl.is_delta),
               "EAGER_RECORDS": int(launch.eager_records)}
     return [f"#define {name} {value}" for name, value in consts.items()]
 

@@ -70,13 +70,16 @@ def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
     return _replay_rows_one(decl, f, append_guard)
 
 
-def _per_draft_store(f: Facts) -> str:
+def _per_draft_store(f: Facts, who: str = "lane == 0 && ") -> str:
     if f.stmts["store_output"].attr("per_draft"):
-        return "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
-    return "if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
+        return f"if ({who}row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
+    return f"if ({who}row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
 
 
-REC_WRITE_STORE = "if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
+def _rec_write_store(who: str = "lane == 0 && ") -> str:
+    return f"if ({who}row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
+
+
 
 
 def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
@@ -99,37 +102,48 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
         " + w * sh_sq[j * NREC + n + j];",
     ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here"]
     if append_guard is not None:
-        inner += guarded(append_guard, [REC_WRITE_STORE])
+        inner += guarded(append_guard, [_rec_write_store()])
     return draft_row_loop(inner, chunk="VPASS")
 
 
 def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:
-    """Per row: the checkpoint and committed-record parts of the token's output (and delta-rule key
-    projection) in one pass over the row's registers and one multi-value warp reduction."""
-    tn = 1
-    parts = 2 if decl.is_delta else 1  # warp_sum_all takes a power of two
+    """The token's output (and delta-rule key projection) at every row: each row's checkpoint and
+    committed-record parts in one pass over its registers, then ``ROWS_REDUCED`` rows' parts reduced
+    together (``warp_sum_spread``: about one shuffle per value, instead of a reduction and broadcasts
+    per row), so the lane holding a row's sum finishes that row: rows of a group in parallel across
+    lanes. Delta rules put the output parts in the lower half of the values and the key projections
+    in the upper: lane l < 16 gets its row's projection from lane l + 16."""
+    parts = 2 if decl.is_delta else 1
     value = row_field(decl, "value")
-    fill_parts = ["part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
+    fill_parts = ["part[u] = row_dot_partial(s[r], sh_qd, lane) + (lane < n ? wv[r] * sh_sq[lane] : 0.f);"]
     if decl.is_delta:
-        fill_parts.append(f"part[{tn} + j] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
-        write = [f"float pk = part[{tn} + j];", "#pragma unroll", "for (int i = 0; i < j; ++i) pk += wd[i] * sh_sk[j * NREC + n + i];",
-                 f"const float w = sh_beta[j] * ({value} - pk);"]
+        fill_parts.append("part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd, lane) + (lane < n ? wv[r] * sh_sk[lane] : 0.f);")
+        write = [f"w = sh_beta[0] * ({value} - pk);"]
     else:
-        write = [f"const float w = sh_beta[j] * {value};"]
-    per_token = write + [
-        "wd[j] = w;",
-        "float o = part[j] + w * sh_sq[j * NREC + n + j];",
-        "#pragma unroll", "for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];",
-    ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // the fold reads the token's record from lane n"]
+        write = [f"w = sh_beta[0] * {value};"]
+    finish = write + ["float o = sum + w * sh_sq[n];"] + epilogue(decl) + [_per_draft_store(f, "")]
     if append_guard is not None:
-        per_token += guarded(append_guard, [REC_WRITE_STORE])
-    return (["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int rr = warp * RPW + r, row = v0 + rr;",
-             f"    float part[{parts}];", "    #pragma unroll", f"    for (int j = 0; j < {parts}; ++j) part[j] = 0.f;",
-             "    #pragma unroll", f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
-            + ["            " + line for line in fill_parts] + ["        }", "    }", "    warp_sum_all(part, lane);",
-                                                                  f"    float wd[{tn}];", "    #pragma unroll",
-                                                                  f"    for (int j = 0; j < {tn}; ++j) {{", "        if (j < t) {"]
-            + ["            " + line for line in per_token] + ["        }", "    }", "}"])
+        finish += guarded(append_guard, [_rec_write_store("")])
+    values = "PARTS * ROWS_REDUCED"
+    return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {",
+             f"    float part[{values}];", "    #pragma unroll", f"    for (int u = 0; u < {values}; ++u) part[u] = 0.f;",
+             "    #pragma unroll", "    for (int u = 0; u < ROWS_REDUCED; ++u) {", "        const int r = c + u;",
+             "        if (r < RPW) {"] + ["            " + line for line in fill_parts] + ["        }", "    }",
+             "    const float sum = warp_sum_spread(part, lane);  // lane l: value l / (32 / values)",
+         ] + (["    const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
+              if decl.is_delta else []) + [
+             f"    constexpr int LANES = 32 / ({values});  // lanes holding each value's sum",
+             "    const int u = lane / LANES, j = 0;  // j: the token (one), for the row fields",
+             "    const int rr = warp * RPW + c + u, row = v0 + rr;",
+             "    float w = 0.f;",
+             "    if (lane % LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u"]
+            + ["        " + line for line in finish] + ["    }"]
+            + (["    if (flush) {  // the fold reads the token's record from lane n (uniform per CTA)",
+                "        #pragma unroll", "        for (int v = 0; v < ROWS_REDUCED; ++v) {",
+                "            const float wv_new = __shfl_sync(0xffffffffu, w, v * LANES);",
+                "            if (c + v < RPW && lane == n) wv[c + v] = wv_new;", "        }", "    }"]
+               if "fold_tokens" in f.stmts else [])
+            + ["}"])
 
 
 def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:

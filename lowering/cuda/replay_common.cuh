@@ -105,6 +105,16 @@ __device__ __forceinline__ void warp_sum_chunk(float (&x)[M], int lane) {
     }
 }
 
+// Warp-wide sums of C values (C a power of two, at most 32) held by every lane, left spread out: the
+// returned float of lane l is the sum of value l / (32 / C). C − 1 + log2(32 / C) shuffles, no broadcasts.
+template <int C>
+__device__ __forceinline__ float warp_sum_spread(float (&x)[C], int lane) {
+    transpose_reduce<C, 16>(x, lane);
+#pragma unroll
+    for (int offset = 16 / C; offset > 0; offset >>= 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], offset);
+    return x[0];
+}
+
 // Every lane gets the warp-wide sum of each of its M values (M a power of two ≤ 32, or a multiple of 32).
 template <int M, int OFF = 0>
 __device__ __forceinline__ void warp_sum_all(float (&x)[M], int lane) {

@@ -37,6 +37,8 @@
 #define BV 40
 #define THREADS 128
 #define VPASS 8
+#define PARTS 1
+#define ROWS_REDUCED 16
 #define EAGER_RECORDS 0
 typedef float STATE_T;
 
@@ -144,6 +146,16 @@ __device__ __forceinline__ void warp_sum_chunk(float (&x)[M], int lane) {
 #pragma unroll
         for (int v = 0; v < C; ++v) x[OFF + v] = __shfl_sync(0xffffffffu, y[0], v * (32 / C));  // value v's lanes
     }
+}
+
+// Warp-wide sums of C values (C a power of two, at most 32) held by every lane, left spread out: the
+// returned float of lane l is the sum of value l / (32 / C). C − 1 + log2(32 / C) shuffles, no broadcasts.
+template <int C>
+__device__ __forceinline__ float warp_sum_spread(float (&x)[C], int lane) {
+    transpose_reduce<C, 16>(x, lane);
+#pragma unroll
+    for (int offset = 16 / C; offset > 0; offset >>= 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], offset);
+    return x[0];
 }
 
 // Every lane gets the warp-wide sum of each of its M values (M a power of two ≤ 32, or a multiple of 32).
@@ -672,34 +684,37 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int rr = warp * RPW + r, row = v0 + rr;
-        float part[1];
+    for (int c = 0; c < RPW; c += ROWS_REDUCED) {
+        float part[PARTS * ROWS_REDUCED];
         #pragma unroll
-        for (int j = 0; j < 1; ++j) part[j] = 0.f;
+        for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
         #pragma unroll
-        for (int j = 0; j < 1; ++j) {
-            if (j < t) {
-                part[j] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+        for (int u = 0; u < ROWS_REDUCED; ++u) {
+            const int r = c + u;
+            if (r < RPW) {
+                part[u] = row_dot_partial(s[r], sh_qd, lane) + (lane < n ? wv[r] * sh_sq[lane] : 0.f);
             }
         }
-        warp_sum_all(part, lane);
-        float wd[1];
-        #pragma unroll
-        for (int j = 0; j < 1; ++j) {
-            if (j < t) {
-                const float w = sh_beta[j] * sh_value[j * BV + rr];
-                wd[j] = w;
-                float o = part[j] + w * sh_sq[j * NREC + n + j];
-                #pragma unroll
-                for (int i = 0; i < j; ++i) o += wd[i] * sh_sq[j * NREC + n + i];
-                o += sh_skip[j * BV + rr];
-                o *= sh_gate[j * BV + rr];
-                if (lane == 0 && row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;  // the fold reads the token's record from lane n
-                if (!flush) {
-                    if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
-                }
+        const float sum = warp_sum_spread(part, lane);  // lane l: value l / (32 / values)
+        constexpr int LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
+        const int u = lane / LANES, j = 0;  // j: the token (one), for the row fields
+        const int rr = warp * RPW + c + u, row = v0 + rr;
+        float w = 0.f;
+        if (lane % LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
+            w = sh_beta[0] * sh_value[j * BV + rr];
+            float o = sum + w * sh_sq[n];
+            o += sh_skip[j * BV + rr];
+            o *= sh_gate[j * BV + rr];
+            if (row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
+            if (!flush) {
+                if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+            }
+        }
+        if (flush) {  // the fold reads the token's record from lane n (uniform per CTA)
+            #pragma unroll
+            for (int v = 0; v < ROWS_REDUCED; ++v) {
+                const float wv_new = __shfl_sync(0xffffffffu, w, v * LANES);
+                if (c + v < RPW && lane == n) wv[c + v] = wv_new;
             }
         }
     }
