@@ -136,6 +136,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     vec = 4 if K % 4 == 0 else 1
     kch = -(-K // (32 * vec))
     nrec = cfg.capacity + 1
+    parts = 2 if decl.is_delta else 1  # values per row the replay rows reduce (output, delta-rule key projection)
     if nrec > 32:
         raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "
                             "record per lane (use a smaller window or fewer drafts)")
@@ -144,7 +145,8 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
-              "PARTS": 2 if decl.is_delta else 1, "ROWS_REDUCED": rows_reduced(launch, decl.is_delta),
+              "PARTS": parts, "ROWS_REDUCED": rows_reduced(launch, decl.is_delta),
+              "SUM_LANES": 32 // (parts * rows_reduced(launch, decl.is_delta)),
               "EAGER_RECORDS": int(launch.eager_records)}
     return [f"#define {name} {value}" for name, value in consts.items()]
 

@@ -2,9 +2,10 @@
 the buffer of records, no state write.
 
 Head-level work in shared memory (cumulative decays, decayed queries and keys, the scores of every
-draft against every record), then each warp's rows: the replay step reduces a row's output and key
-projection in one multi-value warp reduction; verify takes the drafts one after another. On a flush
-the step folds its records into the checkpoint. See docs/design.md for the math.
+draft against every record), then each warp's rows in groups reduced together (one transpose
+reduction for a group's outputs and key projections; the lane holding a row's sum finishes the row);
+verify takes the drafts one after another. On a flush the step folds its records into the
+checkpoint. See docs/design.md for the math.
 """
 
 from __future__ import annotations
@@ -62,14 +63,6 @@ def _scores(decl) -> list[str]:
             + ["        " + line for line in body] + ["    }", "}"])
 
 
-def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
-    """The rows' outputs and write records: one token (``_replay_rows_one``) or drafts one after another
-    (``_replay_rows_drafts``)."""
-    if f.drafts:
-        return _replay_rows_drafts(decl, f, append_guard)
-    return _replay_rows_one(decl, f, append_guard)
-
-
 def _per_draft_store(f: Facts, who: str = "lane == 0 && ") -> str:
     if f.stmts["store_output"].attr("per_draft"):
         return f"if ({who}row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
@@ -82,68 +75,68 @@ def _rec_write_store(who: str = "lane == 0 && ") -> str:
 
 
 
-def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
-    """Drafts one after another, the warp's rows inside, ``VPASS`` rows at a time through all drafts
-    (``LaunchConfig.verify_rows``: fewer reductions in flight, so 16 rows per warp fit without
-    spilling). Draft j's key
-    projection and output each take one warp reduction over the row's registers and the records
-    before it (lane i < n + j holds record i's write, draft j's written into lane n + j). Measured
-    faster for verify than one reduction of all drafts' parts per row (whose cost does not shrink with
-    t and whose unrolled code is large)."""
+def _rows_reduced_together(decl, f: Facts, append_guard, first: str, end: str, record_lane: str,
+                           keep_record: str | None) -> list[str]:
+    """One group of ``ROWS_REDUCED`` rows (``first`` + u while below ``end``) for token j: each row's
+    output part (checkpoint and the records before the token) and, for delta rules, its key
+    projection, in one pass over the row's registers; the group's parts in one transpose reduction
+    (``warp_sum_spread``: about one shuffle per value, instead of a reduction and broadcasts per row);
+    the lane holding a row's output sum finishes that row, so a group's rows run in parallel across
+    lanes. Delta rules put output parts in the lower half of the values and key projections in the
+    upper, so lane l < 16 gets its row's projection from lane l + 16. The token's write then goes to
+    ``record_lane`` of each row's ``wv``, where later tokens and the fold read it: always when
+    ``keep_record`` is None, when that C condition holds, or never when it is empty."""
     value = row_field(decl, "value")
+    fill_parts = [f"part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < {record_lane} ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
     if decl.is_delta:
-        write = ["const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane)"
-                 " + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));",
-                 f"const float w = sh_beta[j] * ({value} - pk);"]
+        fill_parts.append(f"part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < {record_lane} ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
+        write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
-        write = [f"const float w = sh_beta[j] * {value};"]
-    inner = write + [
-        "float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f))"
-        " + w * sh_sq[j * NREC + n + j];",
-    ] + epilogue(decl) + [_per_draft_store(f), "if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here"]
-    if append_guard is not None:
-        inner += guarded(append_guard, [_rec_write_store()])
-    return draft_row_loop(inner, chunk="VPASS")
-
-
-def _replay_rows_one(decl, f: Facts, append_guard) -> list[str]:
-    """The token's output (and delta-rule key projection) at every row: each row's checkpoint and
-    committed-record parts in one pass over its registers, then ``ROWS_REDUCED`` rows' parts reduced
-    together (``warp_sum_spread``: about one shuffle per value, instead of a reduction and broadcasts
-    per row), so the lane holding a row's sum finishes that row: rows of a group in parallel across
-    lanes. Delta rules put the output parts in the lower half of the values and the key projections
-    in the upper: lane l < 16 gets its row's projection from lane l + 16."""
-    parts = 2 if decl.is_delta else 1
-    value = row_field(decl, "value")
-    fill_parts = ["part[u] = row_dot_partial(s[r], sh_qd, lane) + (lane < n ? wv[r] * sh_sq[lane] : 0.f);"]
-    if decl.is_delta:
-        fill_parts.append("part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd, lane) + (lane < n ? wv[r] * sh_sk[lane] : 0.f);")
-        write = [f"w = sh_beta[0] * ({value} - pk);"]
-    else:
-        write = [f"w = sh_beta[0] * {value};"]
-    finish = write + ["float o = sum + w * sh_sq[n];"] + epilogue(decl) + [_per_draft_store(f, "")]
+        write = [f"w = sh_beta[j] * {value};"]
+    finish = write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl) + [_per_draft_store(f, "")]
     if append_guard is not None:
         finish += guarded(append_guard, [_rec_write_store("")])
     values = "PARTS * ROWS_REDUCED"
-    return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {",
-             f"    float part[{values}];", "    #pragma unroll", f"    for (int u = 0; u < {values}; ++u) part[u] = 0.f;",
-             "    #pragma unroll", "    for (int u = 0; u < ROWS_REDUCED; ++u) {", "        const int r = c + u;",
-             "        if (r < RPW) {"] + ["            " + line for line in fill_parts] + ["        }", "    }",
-             "    const float sum = warp_sum_spread(part, lane);  // lane l: value l / (32 / values)",
-         ] + (["    const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
-              if decl.is_delta else []) + [
-             f"    constexpr int LANES = 32 / ({values});  // lanes holding each value's sum",
-             "    const int u = lane / LANES, j = 0;  // j: the token (one), for the row fields",
-             "    const int rr = warp * RPW + c + u, row = v0 + rr;",
-             "    float w = 0.f;",
-             "    if (lane % LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u"]
-            + ["        " + line for line in finish] + ["    }"]
-            + (["    if (flush) {  // the fold reads the token's record from lane n (uniform per CTA)",
-                "        #pragma unroll", "        for (int v = 0; v < ROWS_REDUCED; ++v) {",
-                "            const float wv_new = __shfl_sync(0xffffffffu, w, v * LANES);",
-                "            if (c + v < RPW && lane == n) wv[c + v] = wv_new;", "        }", "    }"]
-               if "fold_tokens" in f.stmts else [])
-            + ["}"])
+    keep = ["#pragma unroll", "for (int v = 0; v < ROWS_REDUCED; ++v) {",
+            f"    if ({first} + v < {end}) {{  // known at compile time: no shuffle for padding rows",
+            "        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);",
+            f"        if (lane == {record_lane}) wv[{first} + v] = w_row;", "    }", "}"]
+    return ([f"float part[{values}];", "#pragma unroll", f"for (int u = 0; u < {values}; ++u) part[u] = 0.f;",
+             "#pragma unroll", "for (int u = 0; u < ROWS_REDUCED; ++u) {", f"    const int r = {first} + u;",
+             f"    if (r < {end}) {{"] + ["        " + line for line in fill_parts] + ["    }", "}",
+             "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
+            + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
+               if decl.is_delta else [])
+            + [f"const int u = lane / SUM_LANES, rr = warp * RPW + {first} + u, row = v0 + rr;",
+               "float w = 0.f;",
+               f"if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
+            + ["    " + line for line in finish] + ["}"]
+            + (keep if keep_record is None else guarded(keep_record, keep) if keep_record else []))
+
+
+def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
+    """Drafts one after another, the warp's rows inside in groups reduced together
+    (``_rows_reduced_together``), ``VPASS`` rows at a time through all drafts
+    (``LaunchConfig.verify_rows``: fewer values live, so 16 rows per warp fit without spilling).
+    Lane i < n + j of a row's ``wv`` holds record i's write; draft j's goes into lane n + j."""
+    group = _rows_reduced_together(decl, f, append_guard, "c", "c_end", "n + j", None)
+    return (["#pragma unroll",
+             "for (int c0 = 0; c0 < RPW; c0 += VPASS) {  // compile-time row indices after unrolling",
+             "    const int c_end = c0 + VPASS < RPW ? c0 + VPASS : RPW;",
+             "    for (int j = 0; j < t; ++j) {",
+             "        #pragma unroll",
+             "        for (int c = c0; c < c_end; c += ROWS_REDUCED) {"]
+            + ["            " + line for line in group] + ["        }", "    }", "}"])
+
+
+def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
+    """The rows' outputs and write records: one token, or drafts one after another."""
+    if f.drafts:
+        return _replay_rows_drafts(decl, f, append_guard)
+    keep = "flush" if "fold_tokens" in f.stmts else ""  # only the fold reads the token's record
+    group = _rows_reduced_together(decl, f, append_guard, "c", "RPW", "n", keep)
+    return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {", "    const int j = 0;  // the one token"]
+            + ["    " + line for line in group] + ["}"])
 
 
 def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:

@@ -36,6 +36,7 @@
 #define VPASS 4
 #define PARTS 2
 #define ROWS_REDUCED 4
+#define SUM_LANES 4
 #define EAGER_RECORDS 0
 typedef float STATE_T;
 
@@ -719,6 +720,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     #pragma unroll
     for (int c = 0; c < RPW; c += ROWS_REDUCED) {
+        const int j = 0;  // the one token
         float part[PARTS * ROWS_REDUCED];
         #pragma unroll
         for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
@@ -726,29 +728,29 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         for (int u = 0; u < ROWS_REDUCED; ++u) {
             const int r = c + u;
             if (r < RPW) {
-                part[u] = row_dot_partial(s[r], sh_qd, lane) + (lane < n ? wv[r] * sh_sq[lane] : 0.f);
-                part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd, lane) + (lane < n ? wv[r] * sh_sk[lane] : 0.f);
+                part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+                part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
             }
         }
-        const float sum = warp_sum_spread(part, lane);  // lane l: value l / (32 / values)
+        const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
         const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection
-        constexpr int LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
-        const int u = lane / LANES, j = 0;  // j: the token (one), for the row fields
-        const int rr = warp * RPW + c + u, row = v0 + rr;
+        const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
         float w = 0.f;
-        if (lane % LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
-            w = sh_beta[0] * (sh_value[j * BV + rr] - pk);
-            float o = sum + w * sh_sq[n];
+        if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
+            w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+            float o = sum + w * sh_sq[j * NREC + n];
             if (row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;
             if (!flush) {
                 if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
             }
         }
-        if (flush) {  // the fold reads the token's record from lane n (uniform per CTA)
+        if (flush) {
             #pragma unroll
             for (int v = 0; v < ROWS_REDUCED; ++v) {
-                const float wv_new = __shfl_sync(0xffffffffu, w, v * LANES);
-                if (c + v < RPW && lane == n) wv[c + v] = wv_new;
+                if (c + v < RPW) {  // known at compile time: no shuffle for padding rows
+                    const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);
+                    if (lane == n) wv[c + v] = w_row;
+                }
             }
         }
     }
@@ -1087,17 +1089,39 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     #pragma unroll
     for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     #pragma unroll
-    for (int c = 0; c < RPW; c += VPASS) {  // compile-time row indices after unrolling
+    for (int c0 = 0; c0 < RPW; c0 += VPASS) {  // compile-time row indices after unrolling
+        const int c_end = c0 + VPASS < RPW ? c0 + VPASS : RPW;
         for (int j = 0; j < t; ++j) {
             #pragma unroll
-            for (int r = c; r < c + VPASS && r < RPW; ++r) {
-                const int rr = warp * RPW + r, row = v0 + rr;
-                const float pk = warp_sum(row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f));
-                const float w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
-                float o = warp_sum(row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f)) + w * sh_sq[j * NREC + n + j];
-                if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-                if (lane == n + j) wv[r] = w;  // later drafts and the fold read it here
-                if (lane == 0 && row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+            for (int c = c0; c < c_end; c += ROWS_REDUCED) {
+                float part[PARTS * ROWS_REDUCED];
+                #pragma unroll
+                for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
+                #pragma unroll
+                for (int u = 0; u < ROWS_REDUCED; ++u) {
+                    const int r = c + u;
+                    if (r < c_end) {
+                        part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+                        part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
+                    }
+                }
+                const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
+                const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection
+                const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
+                float w = 0.f;
+                if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < c_end) {  // the lane that finishes row c + u
+                    w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                    float o = sum + w * sh_sq[j * NREC + n + j];
+                    if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+                    if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
+                }
+                #pragma unroll
+                for (int v = 0; v < ROWS_REDUCED; ++v) {
+                    if (c + v < c_end) {  // known at compile time: no shuffle for padding rows
+                        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);
+                        if (lane == n + j) wv[c + v] = w_row;
+                    }
+                }
             }
         }
     }
