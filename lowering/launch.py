@@ -75,11 +75,12 @@ def choose_launch(shape, rows: int) -> LaunchConfig:
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
 
 
-def rows_reduced(launch: LaunchConfig, delta: bool) -> int:
-    """Rows whose parts the one-token replay step reduces together: a power of two, at most 16 values
-    (the output part, and the key projection for delta rules) in one reduction."""
+def rows_reduced(rows: int, delta: bool) -> int:
+    """Rows whose parts the replay rows reduce together, out of ``rows`` (the step: a warp's rows;
+    verify: its rows per pass): a power of two, at most 16 values (the output part, and the key
+    projection for delta rules) in one reduction."""
     parts = 2 if delta else 1
-    return min(16 // parts, 1 << (launch.rows_per_warp - 1).bit_length())
+    return min(16 // parts, 1 << (rows - 1).bit_length())
 
 
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:

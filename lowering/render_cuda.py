@@ -145,8 +145,8 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
-              "PARTS": parts, "ROWS_REDUCED": rows_reduced(launch, decl.is_delta),
-              "SUM_LANES": 32 // (parts * rows_reduced(launch, decl.is_delta)),
+              "PARTS": parts, "ROWS_REDUCED": rows_reduced(launch.rows_per_warp, decl.is_delta),
+              "VERIFY_ROWS_REDUCED": rows_reduced(launch.verify_rows, decl.is_delta),
               "EAGER_RECORDS": int(launch.eager_records)}
     return [f"#define {name} {value}" for name, value in consts.items()]
 

@@ -75,41 +75,43 @@ def _rec_write_store(who: str = "lane == 0 && ") -> str:
 
 
 
-def _rows_reduced_together(decl, f: Facts, append_guard, first: str, end: str, record_lane: str,
+def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
                            keep_record: str | None) -> list[str]:
-    """One group of ``ROWS_REDUCED`` rows (``first`` + u while below ``end``) for token j: each row's
-    output part (checkpoint and the records before the token) and, for delta rules, its key
-    projection, in one pass over the row's registers; the group's parts in one transpose reduction
-    (``warp_sum_spread``: about one shuffle per value, instead of a reduction and broadcasts per row);
-    the lane holding a row's output sum finishes that row, so a group's rows run in parallel across
-    lanes. Delta rules put output parts in the lower half of the values and key projections in the
-    upper, so lane l < 16 gets its row's projection from lane l + 16. The token's write then goes to
-    ``record_lane`` of each row's ``wv``, where later tokens and the fold read it: always when
-    ``keep_record`` is None, when that C condition holds, or never when it is empty."""
+    """One group of ``group`` rows (a C constant: ``ROWS_REDUCED`` or ``VERIFY_ROWS_REDUCED``; rows
+    ``first`` + u while below ``end``) for token j: each row's output part (checkpoint and the records
+    before the token) and, for delta rules, its key projection, in one pass over the row's registers;
+    the group's parts in one transpose reduction (``warp_sum_spread``: about one shuffle per value,
+    instead of a reduction and broadcasts per row); the lane holding a row's output sum finishes that
+    row, so a group's rows run in parallel across lanes. Delta rules put output parts in the lower
+    half of the values and key projections in the upper, so lane l < 16 gets its row's projection
+    from lane l + 16. The token's write then goes to ``record_lane`` of each row's ``wv``, where later
+    tokens and the fold read it: always when ``keep_record`` is None, when that C condition holds, or
+    never when it is empty."""
     value = row_field(decl, "value")
     fill_parts = [f"part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < {record_lane} ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
     if decl.is_delta:
-        fill_parts.append(f"part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < {record_lane} ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
+        fill_parts.append(f"part[{group} + u] = row_dot_partial(s[r], sh_kd + j * K, lane)"
+                          f" + (lane < {record_lane} ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
         write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
         write = [f"w = sh_beta[j] * {value};"]
     finish = write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl) + [_per_draft_store(f, "")]
     if append_guard is not None:
         finish += guarded(append_guard, [_rec_write_store("")])
-    values = "PARTS * ROWS_REDUCED"
-    keep = ["#pragma unroll", "for (int v = 0; v < ROWS_REDUCED; ++v) {",
+    keep = ["#pragma unroll", f"for (int v = 0; v < {group}; ++v) {{",
             f"    if ({first} + v < {end}) {{  // known at compile time: no shuffle for padding rows",
             "        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);",
             f"        if (lane == {record_lane}) wv[{first} + v] = w_row;", "    }", "}"]
-    return ([f"float part[{values}];", "#pragma unroll", f"for (int u = 0; u < {values}; ++u) part[u] = 0.f;",
-             "#pragma unroll", "for (int u = 0; u < ROWS_REDUCED; ++u) {", f"    const int r = {first} + u;",
+    return ([f"constexpr int SUM_LANES = 32 / (PARTS * {group});  // lanes holding each value's sum",
+             f"float part[PARTS * {group}];", "#pragma unroll", f"for (int u = 0; u < PARTS * {group}; ++u) part[u] = 0.f;",
+             "#pragma unroll", f"for (int u = 0; u < {group}; ++u) {{", f"    const int r = {first} + u;",
              f"    if (r < {end}) {{"] + ["        " + line for line in fill_parts] + ["    }", "}",
              "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
             + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
                if decl.is_delta else [])
             + [f"const int u = lane / SUM_LANES, rr = warp * RPW + {first} + u, row = v0 + rr;",
                "float w = 0.f;",
-               f"if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
+               f"if (lane % SUM_LANES == 0 && u < {group} && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
             + ["    " + line for line in finish] + ["}"]
             + (keep if keep_record is None else guarded(keep_record, keep) if keep_record else []))
 
@@ -119,13 +121,13 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
     (``_rows_reduced_together``), ``VPASS`` rows at a time through all drafts
     (``LaunchConfig.verify_rows``: fewer values live, so 16 rows per warp fit without spilling).
     Lane i < n + j of a row's ``wv`` holds record i's write; draft j's goes into lane n + j."""
-    group = _rows_reduced_together(decl, f, append_guard, "c", "c_end", "n + j", None)
+    group = _rows_reduced_together(decl, f, append_guard, "VERIFY_ROWS_REDUCED", "c", "c_end", "n + j", None)
     return (["#pragma unroll",
              "for (int c0 = 0; c0 < RPW; c0 += VPASS) {  // compile-time row indices after unrolling",
              "    const int c_end = c0 + VPASS < RPW ? c0 + VPASS : RPW;",
              "    for (int j = 0; j < t; ++j) {",
              "        #pragma unroll",
-             "        for (int c = c0; c < c_end; c += ROWS_REDUCED) {"]
+             "        for (int c = c0; c < c_end; c += VERIFY_ROWS_REDUCED) {"]
             + ["            " + line for line in group] + ["        }", "    }", "}"])
 
 
@@ -134,7 +136,7 @@ def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
     if f.drafts:
         return _replay_rows_drafts(decl, f, append_guard)
     keep = "flush" if "fold_tokens" in f.stmts else ""  # only the fold reads the token's record
-    group = _rows_reduced_together(decl, f, append_guard, "c", "RPW", "n", keep)
+    group = _rows_reduced_together(decl, f, append_guard, "ROWS_REDUCED", "c", "RPW", "n", keep)
     return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {", "    const int j = 0;  // the one token"]
             + ["    " + line for line in group] + ["}"])
 

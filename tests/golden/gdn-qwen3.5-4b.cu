@@ -36,7 +36,7 @@
 #define VPASS 4
 #define PARTS 2
 #define ROWS_REDUCED 4
-#define SUM_LANES 4
+#define VERIFY_ROWS_REDUCED 4
 #define EAGER_RECORDS 0
 typedef float STATE_T;
 
@@ -721,6 +721,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     #pragma unroll
     for (int c = 0; c < RPW; c += ROWS_REDUCED) {
         const int j = 0;  // the one token
+        constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
         float part[PARTS * ROWS_REDUCED];
         #pragma unroll
         for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
@@ -1093,30 +1094,31 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         const int c_end = c0 + VPASS < RPW ? c0 + VPASS : RPW;
         for (int j = 0; j < t; ++j) {
             #pragma unroll
-            for (int c = c0; c < c_end; c += ROWS_REDUCED) {
-                float part[PARTS * ROWS_REDUCED];
+            for (int c = c0; c < c_end; c += VERIFY_ROWS_REDUCED) {
+                constexpr int SUM_LANES = 32 / (PARTS * VERIFY_ROWS_REDUCED);  // lanes holding each value's sum
+                float part[PARTS * VERIFY_ROWS_REDUCED];
                 #pragma unroll
-                for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
+                for (int u = 0; u < PARTS * VERIFY_ROWS_REDUCED; ++u) part[u] = 0.f;
                 #pragma unroll
-                for (int u = 0; u < ROWS_REDUCED; ++u) {
+                for (int u = 0; u < VERIFY_ROWS_REDUCED; ++u) {
                     const int r = c + u;
                     if (r < c_end) {
                         part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
-                        part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
+                        part[VERIFY_ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane) + (lane < n + j ? wv[r] * sh_sk[j * NREC + lane] : 0.f);
                     }
                 }
                 const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
                 const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection
                 const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
                 float w = 0.f;
-                if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < c_end) {  // the lane that finishes row c + u
+                if (lane % SUM_LANES == 0 && u < VERIFY_ROWS_REDUCED && c + u < c_end) {  // the lane that finishes row c + u
                     w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
                     float o = sum + w * sh_sq[j * NREC + n + j];
                     if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
                     if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
                 }
                 #pragma unroll
-                for (int v = 0; v < ROWS_REDUCED; ++v) {
+                for (int v = 0; v < VERIFY_ROWS_REDUCED; ++v) {
                     if (c + v < c_end) {  // known at compile time: no shuffle for padding rows
                         const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);
                         if (lane == n + j) wv[c + v] = w_row;
