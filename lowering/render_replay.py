@@ -45,21 +45,25 @@ def _cumulate(decl) -> list[str]:
 
 def _scores(decl) -> list[str]:
     """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j and sk[j][i] = (…)·k_{n+j} for every record i ≤ n + j:
-    a warp takes two records per trip so their four shuffle reductions interleave."""
-    def dots(i: str, suffix: str) -> list[str]:
-        dec = f" * {decay_between(decl, 'n + j', i)}" if decl.decay_form == "vector" else ""
-        return ["#pragma unroll", "for (int c = 0; c < KE; ++c) {", "    const int e = k_index(c, lane);", "    if (e < K) {",
-                f"        const float kd = sh_key[{i} * K + e]{dec};",
-                f"        aq{suffix} += kd * sh_q[j * K + e];", f"        ak{suffix} += kd * sh_key[(n + j) * K + e];",
-                "    }", "}"]
-    scale = (lambda i: decay_between(decl, "n + j", i)) if decl.decay_form == "scalar" else (lambda i: "1.f")
-    body = (["const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once",
-             "float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;"] + dots("i0", "0") + dots("i1", "1")
-            + [f"aq0 = warp_sum(aq0) * {scale('i0')}; ak0 = warp_sum(ak0) * {scale('i0')};",
-               f"aq1 = warp_sum(aq1) * {scale('i1')}; ak1 = warp_sum(ak1) * {scale('i1')};",
-               "if (lane == 0) {", "    sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;",
-               "    sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;", "}"])
-    return (["for (int j = 0; j < t; ++j) {", "    for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {"]
+    a warp takes ``SCORE_RECORDS`` records per trip, their 2·SCORE_RECORDS dot products in one
+    transpose reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it."""
+    dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
+    scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
+    dots = ["#pragma unroll", "for (int u = 0; u < SCORE_RECORDS; ++u) {",
+            "    const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored",
+            "    float aq = 0.f, ak = 0.f;",
+            "    #pragma unroll", "    for (int c = 0; c < KE; ++c) {", "        const int e = k_index(c, lane);",
+            "        if (e < K) {", f"            const float kd = sh_key[rec * K + e]{dec};",
+            "            aq += kd * sh_q[j * K + e];", "            ak += kd * sh_key[(n + j) * K + e];", "        }", "    }",
+            "    dot[u] = aq; dot[SCORE_RECORDS + u] = ak;", "}"]
+    body = (["float dot[2 * SCORE_RECORDS];"] + dots
+            + ["const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES",
+               "constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);",
+               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;",
+               "if (lane % SCORE_LANES == 0 && rec <= n + j)",
+               f"    (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * {scale};"])
+    return (["for (int j = 0; j < t; ++j) {",
+             "    for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {"]
             + ["        " + line for line in body] + ["    }", "}"])
 
 

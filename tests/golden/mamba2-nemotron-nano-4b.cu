@@ -40,6 +40,7 @@
 #define PARTS 1
 #define ROWS_REDUCED 16
 #define VERIFY_ROWS_REDUCED 8
+#define SCORE_RECORDS 4
 #define EAGER_RECORDS 0
 typedef float STATE_T;
 
@@ -645,33 +646,28 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
-        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
-            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
-            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+        for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {
+            float dot[2 * SCORE_RECORDS];
             #pragma unroll
-            for (int c = 0; c < KE; ++c) {
-                const int e = k_index(c, lane);
-                if (e < K) {
-                    const float kd = sh_key[i0 * K + e];
-                    aq0 += kd * sh_q[j * K + e];
-                    ak0 += kd * sh_key[(n + j) * K + e];
+            for (int u = 0; u < SCORE_RECORDS; ++u) {
+                const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
+                float aq = 0.f, ak = 0.f;
+                #pragma unroll
+                for (int c = 0; c < KE; ++c) {
+                    const int e = k_index(c, lane);
+                    if (e < K) {
+                        const float kd = sh_key[rec * K + e];
+                        aq += kd * sh_q[j * K + e];
+                        ak += kd * sh_key[(n + j) * K + e];
+                    }
                 }
+                dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
             }
-            #pragma unroll
-            for (int c = 0; c < KE; ++c) {
-                const int e = k_index(c, lane);
-                if (e < K) {
-                    const float kd = sh_key[i1 * K + e];
-                    aq1 += kd * sh_q[j * K + e];
-                    ak1 += kd * sh_key[(n + j) * K + e];
-                }
-            }
-            aq0 = warp_sum(aq0) * expf(sh_G[n + j] - sh_G[i0]); ak0 = warp_sum(ak0) * expf(sh_G[n + j] - sh_G[i0]);
-            aq1 = warp_sum(aq1) * expf(sh_G[n + j] - sh_G[i1]); ak1 = warp_sum(ak1) * expf(sh_G[n + j] - sh_G[i1]);
-            if (lane == 0) {
-                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
-                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
-            }
+            const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
+            constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
+            if (lane % SCORE_LANES == 0 && rec <= n + j)
+                (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
     if (!flush) {
@@ -1006,33 +1002,28 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
-        for (int i = 2 * warp; i <= n + j; i += 2 * WARPS) {
-            const int i0 = i, i1 = min(i + 1, n + j);  // i1 == i0 on the last odd record: computed twice, stored once
-            float aq0 = 0.f, ak0 = 0.f, aq1 = 0.f, ak1 = 0.f;
+        for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {
+            float dot[2 * SCORE_RECORDS];
             #pragma unroll
-            for (int c = 0; c < KE; ++c) {
-                const int e = k_index(c, lane);
-                if (e < K) {
-                    const float kd = sh_key[i0 * K + e];
-                    aq0 += kd * sh_q[j * K + e];
-                    ak0 += kd * sh_key[(n + j) * K + e];
+            for (int u = 0; u < SCORE_RECORDS; ++u) {
+                const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
+                float aq = 0.f, ak = 0.f;
+                #pragma unroll
+                for (int c = 0; c < KE; ++c) {
+                    const int e = k_index(c, lane);
+                    if (e < K) {
+                        const float kd = sh_key[rec * K + e];
+                        aq += kd * sh_q[j * K + e];
+                        ak += kd * sh_key[(n + j) * K + e];
+                    }
                 }
+                dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
             }
-            #pragma unroll
-            for (int c = 0; c < KE; ++c) {
-                const int e = k_index(c, lane);
-                if (e < K) {
-                    const float kd = sh_key[i1 * K + e];
-                    aq1 += kd * sh_q[j * K + e];
-                    ak1 += kd * sh_key[(n + j) * K + e];
-                }
-            }
-            aq0 = warp_sum(aq0) * expf(sh_G[n + j] - sh_G[i0]); ak0 = warp_sum(ak0) * expf(sh_G[n + j] - sh_G[i0]);
-            aq1 = warp_sum(aq1) * expf(sh_G[n + j] - sh_G[i1]); ak1 = warp_sum(ak1) * expf(sh_G[n + j] - sh_G[i1]);
-            if (lane == 0) {
-                sh_sq[j * NREC + i0] = aq0; sh_sk[j * NREC + i0] = ak0;
-                sh_sq[j * NREC + i1] = aq1; sh_sk[j * NREC + i1] = ak1;
-            }
+            const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
+            constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
+            if (lane % SCORE_LANES == 0 && rec <= n + j)
+                (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
     if (blockIdx.x == 0) {
