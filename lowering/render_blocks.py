@@ -283,16 +283,19 @@ CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
 STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
 
 
-def shared_decls(decl, drafts: bool, replay: bool) -> list[str]:
+def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None) -> list[str]:
+    """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
+    drafts (verify on tensor cores rewrites them as fragments of that many columns)."""
     tn = "TMAX" if drafts else "1"
+    tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
     lines = [f"__shared__ __align__(16) float sh_key[{keys} * K];",
              f"__shared__ __align__(16) float sh_q[{tn} * K];",
              f"__shared__ float sh_beta[{tn}];"]
     if replay:
         lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
-                  f"__shared__ __align__(16) float sh_qd[{tn} * K];",
-                  f"__shared__ __align__(16) float sh_kd[{tn} * K];",
+                  f"__shared__ __align__(16) float sh_qd[{tq} * K];",
+                  f"__shared__ __align__(16) float sh_kd[{tq} * K];",
                   f"__shared__ float sh_sq[{tn} * NREC];",
                   f"__shared__ float sh_sk[{tn} * NREC];"]
     if decl.decay_form == "scalar":

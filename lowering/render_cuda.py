@@ -120,7 +120,8 @@ TEMPLATES = {"replay": render_replay, "recur": _render_recur, "fold": _render_fo
 
 def render_kernel(kernel: Kernel, program: Program, launch: LaunchConfig) -> str:
     f = facts(kernel)
-    body = TEMPLATES[f.family](kernel, f, program)
+    template = TEMPLATES[f.family]
+    body = template(kernel, f, program, launch) if template is render_replay else template(kernel, f, program)
     args = ",\n    ".join(f"{ctype} __restrict__ {name}" if "*" in ctype else f"{ctype} {name}"
                           for ctype, name in kernel_arguments(program))
     bounds = (f"__launch_bounds__({FILL_THREADS})" if f.family == "fill"

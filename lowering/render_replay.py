@@ -11,6 +11,9 @@ checkpoint. See docs/design.md for the math.
 from __future__ import annotations
 
 from .ir import Kernel, Program
+from .launch import LaunchConfig
+from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_state_loads, mma_verify_rows,
+                                tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
                             row_field, row_loads, row_records, shared_decls, stage_row_fields, state_page_lines,
@@ -18,35 +21,30 @@ from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, dra
 
 
 def _cumulate(decl) -> list[str]:
-    """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'}; the drafts' keys join the records' (sh_key[n + j]); the
-    decayed query and key e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread
-    rewrites only the elements it reads)."""
+    """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'} (a running sum over the drafts, per element for a decay
+    vector); the drafts' keys join the records' (sh_key[n + j]); the decayed query and key
+    e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements)."""
     if decl.decay_form == "vector":
-        return ["for (int e = tid; e < K; e += THREADS) {",
-                "    float acc = n ? sh_G[(n - 1) * K + e] : 0.f;",
-                "    for (int j = 0; j < t; ++j) {",
-                "        const int x = j * K + e;",
-                "        acc += sh_qd[x];  // the raw log-decay until this line",
-                "        sh_G[(n + j) * K + e] = acc;",
-                "        const float dec = expf(acc), key = sh_kd[x];",
-                "        sh_key[(n + j) * K + e] = key;",
-                "        sh_kd[x] = key * dec;",
-                "        sh_qd[x] = sh_q[x] * dec;",
-                "    }",
-                "}"]
-    decay = {"none": ["const float dec = 1.f;"],
-             "scalar": ["float acc = n ? sh_G[n - 1] : 0.f;", "for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];",
-                        "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]}[decl.decay_form]
-    return (["for (int x = tid; x < t * K; x += THREADS) {", "    const int j = x / K, e = x % K;"]
-            + ["    " + line for line in decay]
-            + ["    const float key = sh_kd[x];", "    sh_key[(n + j) * K + e] = key;",
-               "    sh_kd[x] = key * dec;", "    sh_qd[x] = sh_q[x] * dec;", "}"])
+        start, step = "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;", [
+            "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
+            "const float dec = expf(acc);"]
+    elif decl.decay_form == "scalar":
+        start, step = "float acc = n ? sh_G[n - 1] : 0.f;", [
+            "acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]
+    else:
+        start, step = "", ["const float dec = 1.f;"]
+    body = ["const int x = j * K + e;"] + step + [
+        "const float key = sh_kd[x];", "sh_key[(n + j) * K + e] = key;",
+        "sh_kd[x] = key * dec;", "sh_qd[x] = sh_q[x] * dec;"]
+    return (["for (int e = tid; e < K; e += THREADS) {"] + (["    " + start] if start else [])
+            + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }", "}"])
 
 
 def _scores(decl) -> list[str]:
     """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j and sk[j][i] = (…)·k_{n+j} for every record i ≤ n + j:
     a warp takes ``SCORE_RECORDS`` records per trip, their 2·SCORE_RECORDS dot products in one
-    transpose reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it."""
+    transpose reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it. The
+    first warp moves with the draft, so the drafts' last, partial trips fall on different warps."""
     dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
     scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
     dots = ["#pragma unroll", "for (int u = 0; u < SCORE_RECORDS; ++u) {",
@@ -63,7 +61,7 @@ def _scores(decl) -> list[str]:
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * {scale};"])
     return (["for (int j = 0; j < t; ++j) {",
-             "    for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {"]
+             "    for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {"]
             + ["        " + line for line in body] + ["    }", "}"])
 
 
@@ -92,10 +90,11 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
     tokens and the fold read it: always when ``keep_record`` is None, when that C condition holds, or
     never when it is empty."""
     value = row_field(decl, "value")
-    fill_parts = [f"part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < {record_lane} ? wv[r] * sh_sq[j * NREC + lane] : 0.f);"]
+    scores = [f"const float sq_lane = lane < {record_lane} ? sh_sq[j * NREC + lane] : 0.f;  // record lane's score, 0 past the records"]
+    fill_parts = ["part[u] = row_dot_partial(s[r], sh_qd + j * K, lane, wv[r] * sq_lane);"]
     if decl.is_delta:
-        fill_parts.append(f"part[{group} + u] = row_dot_partial(s[r], sh_kd + j * K, lane)"
-                          f" + (lane < {record_lane} ? wv[r] * sh_sk[j * NREC + lane] : 0.f);")
+        scores.append(f"const float sk_lane = lane < {record_lane} ? sh_sk[j * NREC + lane] : 0.f;")
+        fill_parts.append(f"part[{group} + u] = row_dot_partial(s[r], sh_kd + j * K, lane, wv[r] * sk_lane);")
         write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
         write = [f"w = sh_beta[j] * {value};"]
@@ -106,7 +105,7 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
             f"    if ({first} + v < {end}) {{  // known at compile time: no shuffle for padding rows",
             "        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);",
             f"        if (lane == {record_lane}) wv[{first} + v] = w_row;", "    }", "}"]
-    return ([f"constexpr int SUM_LANES = 32 / (PARTS * {group});  // lanes holding each value's sum",
+    return ([f"constexpr int SUM_LANES = 32 / (PARTS * {group});  // lanes holding each value's sum"] + scores + [
              f"float part[PARTS * {group}];", "#pragma unroll", f"for (int u = 0; u < PARTS * {group}; ++u) part[u] = 0.f;",
              "#pragma unroll", f"for (int u = 0; u < {group}; ++u) {{", f"    const int r = {first} + u;",
              f"    if (r < {end}) {{"] + ["        " + line for line in fill_parts] + ["    }", "}",
@@ -145,10 +144,13 @@ def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
             + ["    " + line for line in group] + ["}"])
 
 
-def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
+def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True) + row_check_lines(f)
-    state = state_page_lines(f) + row_loads(CHECKPOINT_ROW.format(page="page"))
+    tensor_cores = f.drafts and tensor_core_verify(program, launch)
+    fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts) + row_check_lines(f)
+    loads = mma_state_loads if tensor_cores else row_loads
+    state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = fields(decl, "replay") + stage_row_fields(decl)
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
@@ -167,6 +169,8 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
     body += _cumulate(decl)
     body.append("__syncthreads();")
     body += _scores(decl)
+    if tensor_cores:
+        body += mma_fragment_gather(decl)
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:
@@ -182,7 +186,10 @@ def render_replay(k: Kernel, f: Facts, program: Program) -> list[str]:
         rec.append("}")
         body += guarded(append_guard, rec)
     body.append("__syncthreads();")
-    body += row_records() + _replay_rows(decl, f, append_guard)
+    if tensor_cores:
+        body += mma_verify_rows(decl, f, append_guard)
+    else:
+        body += row_records() + _replay_rows(decl, f, append_guard)
     if "fold_tokens" in f.stmts:
         fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t")
                 + store_rows(CHECKPOINT_ROW.format(page="dst")))

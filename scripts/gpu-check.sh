@@ -50,7 +50,7 @@ if wants bench; then
   fi
 fi
 if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time goes (PROFILE_ARGS: --preset, --batch)
-  for kernel in replay_step conventional_step flush; do
+  for kernel in replay_step conventional_step flush verify; do
     ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats --section InstructionStats \

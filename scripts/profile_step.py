@@ -7,8 +7,9 @@ Run on a GPU under Nsight Compute, one kernel at a time (what ``scripts/gpu-chec
         python scripts/profile_step.py --preset qwen3.5-4b --batch 256
 
 Each kernel is launched several times: the replay step in the mixed steady state (slot b at fill
-b mod L), then the conventional step, then the flush alone, with the launch shapes the autotuner's
-table gives (or ``choose_launch``'s).
+b mod L), then the conventional step, the flush alone, and verify with ``--drafts`` drafts (its
+commit accepting none, as the benchmark runs it), with the launch shapes the autotuner's table gives
+(or ``choose_launch``'s).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--preset", default="qwen3.5-4b", choices=sorted(PRESETS))
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--launches", type=int, default=9, help="launches of each kernel")
+    parser.add_argument("--drafts", type=int, default=8, help="verify's drafts per row")
     args = parser.parse_args()
     import cupy as cp
 
@@ -47,9 +49,17 @@ def main() -> None:
         cache._launch("conventional_step", args.batch, batch, toks, out=out)
     for _ in range(args.launches):
         cache._launch("flush", args.batch, batch)
+    drafts = {k: cp.asarray(v.astype(np.float32))
+              for k, v in random_tokens(decl, shape, rng, (args.batch, args.drafts)).items()}
+    verify_batch = dict(batch, drafts=cp.full(args.batch, args.drafts, cp.int32),
+                        accepted=cp.zeros(args.batch, cp.int32))
+    out_drafts = cp.empty((args.batch, args.drafts, shape.heads, shape.v_dim), cp.float32)
+    for _ in range(args.launches):
+        cache.launch_verify(verify_batch, drafts, out_drafts)
+        cache.launch_commit(verify_batch, args.drafts)
     cp.cuda.runtime.deviceSynchronize()
     print(f"profile_step: {args.preset} B={args.batch}: {args.launches} launches each of replay_step, "
-          "conventional_step, flush")
+          f"conventional_step, flush, verify (T={args.drafts})")
 
 
 if __name__ == "__main__":

@@ -124,9 +124,11 @@ __device__ __forceinline__ void warp_sum_all(float (&x)[M], int lane) {
     if constexpr (OFF + C < M) warp_sum_all<M, OFF + C>(x, lane);
 }
 
-// Dot product of a lane's row registers with a K vector in shared memory (lane partial only).
-__device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane) {
-    float acc = 0.f;
+// Dot product of a lane's row registers with a K vector in shared memory (lane partial only), added to
+// ``init`` (a record term, say: one fused chain instead of a product and an add after it).
+__device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane,
+                                                 float init = 0.f) {
+    float acc = init;
 #pragma unroll
     for (int i = 0; i < KE; ++i) {
         const int e = k_index(i, lane);
@@ -190,3 +192,35 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float logsigmoid_f(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+
+// Tensor-core dot products with fp32 accuracy (verify's rows): mma.sync m16n8k8 takes tf32 inputs (the
+// top 19 bits of an fp32 register) and accumulates in fp32. Each fp32 operand splits into a tf32 part
+// (rounded to nearest by an integer add on the bits) and the exact fp32 remainder (which the tensor core
+// truncates to tf32), and c += a_small·b_big + a_big·b_small + a_big·b_big: about 2^-21 relative error
+// per product, against 2^-24 for fp32 FMAs (the dropped a_small·b_small is smaller still).
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// c (16×8) += A (16×8) · B (8×8): A split into ab, as (fragment order a0..a3), B = (big b0, big b1,
+// small b0, small b1) of this lane.
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4], const unsigned (&as)[4],
+                                           const uint4& b) {
+    mma_tf32(c, as[0], as[1], as[2], as[3], b.x, b.y);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
+}
+// A B fragment (two fp32 values of this lane) split for mma_3xtf32.
+__device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
+    uint4 b;
+    split_tf32(x0, b.x, b.z);
+    split_tf32(x1, b.y, b.w);
+    return b;
+}

@@ -169,9 +169,11 @@ __device__ __forceinline__ void warp_sum_all(float (&x)[M], int lane) {
     if constexpr (OFF + C < M) warp_sum_all<M, OFF + C>(x, lane);
 }
 
-// Dot product of a lane's row registers with a K vector in shared memory (lane partial only).
-__device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane) {
-    float acc = 0.f;
+// Dot product of a lane's row registers with a K vector in shared memory (lane partial only), added to
+// ``init`` (a record term, say: one fused chain instead of a product and an add after it).
+__device__ __forceinline__ float row_dot_partial(const float (&s)[KE], const float* __restrict__ x, int lane,
+                                                 float init = 0.f) {
+    float acc = init;
 #pragma unroll
     for (int i = 0; i < KE; ++i) {
         const int e = k_index(i, lane);
@@ -235,6 +237,38 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float logsigmoid_f(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+
+// Tensor-core dot products with fp32 accuracy (verify's rows): mma.sync m16n8k8 takes tf32 inputs (the
+// top 19 bits of an fp32 register) and accumulates in fp32. Each fp32 operand splits into a tf32 part
+// (rounded to nearest by an integer add on the bits) and the exact fp32 remainder (which the tensor core
+// truncates to tf32), and c += a_small·b_big + a_big·b_small + a_big·b_big: about 2^-21 relative error
+// per product, against 2^-24 for fp32 FMAs (the dropped a_small·b_small is smaller still).
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// c (16×8) += A (16×8) · B (8×8): A split into ab, as (fragment order a0..a3), B = (big b0, big b1,
+// small b0, small b1) of this lane.
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4], const unsigned (&as)[4],
+                                           const uint4& b) {
+    mma_tf32(c, as[0], as[1], as[2], as[3], b.x, b.y);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
+}
+// A B fragment (two fp32 values of this lane) split for mma_3xtf32.
+__device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
+    uint4 b;
+    split_tf32(x0, b.x, b.z);
+    split_tf32(x1, b.y, b.w);
+    return b;
+}
 
 
 // kernel conventional_step grid=(VT, HV, B)  # baseline: read S, update, write S, output
@@ -633,20 +667,22 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
     unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n
     if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
+    for (int e = tid; e < K; e += THREADS) {
         float acc = n ? sh_G[n - 1] : 0.f;
-        for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];
-        if (e == 0) sh_G[n + j] = acc;
-        const float dec = expf(acc);
-        const float key = sh_kd[x];
-        sh_key[(n + j) * K + e] = key;
-        sh_kd[x] = key * dec;
-        sh_qd[x] = sh_q[x] * dec;
+        for (int j = 0; j < t; ++j) {
+            const int x = j * K + e;
+            acc += sh_g[j];
+            if (e == 0) sh_G[n + j] = acc;
+            const float dec = expf(acc);
+            const float key = sh_kd[x];
+            sh_key[(n + j) * K + e] = key;
+            sh_kd[x] = key * dec;
+            sh_qd[x] = sh_q[x] * dec;
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
-        for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {
+        for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[2 * SCORE_RECORDS];
             #pragma unroll
             for (int u = 0; u < SCORE_RECORDS; ++u) {
@@ -684,6 +720,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     for (int c = 0; c < RPW; c += ROWS_REDUCED) {
         const int j = 0;  // the one token
         constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
+        const float sq_lane = lane < n ? sh_sq[j * NREC + lane] : 0.f;  // record lane's score, 0 past the records
         float part[PARTS * ROWS_REDUCED];
         #pragma unroll
         for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
@@ -691,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         for (int u = 0; u < ROWS_REDUCED; ++u) {
             const int r = c + u;
             if (r < RPW) {
-                part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
+                part[u] = row_dot_partial(s[r], sh_qd + j * K, lane, wv[r] * sq_lane);
             }
         }
         const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
@@ -911,8 +948,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
     __shared__ float sh_w[NREC * (BV + 1)];
-    __shared__ __align__(16) float sh_qd[TMAX * K];
-    __shared__ __align__(16) float sh_kd[TMAX * K];
+    __shared__ __align__(16) float sh_qd[(TMAX > 8 ? TMAX : 8) * K];
+    __shared__ __align__(16) float sh_kd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ float sh_G[NREC];
@@ -932,14 +969,21 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (flush) {
         page = dst;
     }
-    float s[RPW][KE];
+    constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
+    const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
+    float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)page * HV + hv) * V + row) * K, s[r], lane);
-        else {
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rw = 16 * mt + 8 * h + g, row = v0 + warp * RPW + rw;
+            const bool live = 16 * mt + 8 * h < RPW && rw < RPW && row < V;  // (the first test at compile time)
             #pragma unroll
-            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
+            for (int m = 0; m < K / 16; ++m) {
+                const float4 x = live ? *reinterpret_cast<const float4*>(checkpoint + (((size_t)page * HV + hv) * V + row) * K + 4 * (quad + 4 * m))
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+                sm[mt][h][4 * m] = x.x; sm[mt][h][4 * m + 1] = x.y; sm[mt][h][4 * m + 2] = x.z; sm[mt][h][4 * m + 3] = x.w;
+            }
         }
     }
     for (int j = warp; j < t; j += WARPS) {
@@ -989,20 +1033,22 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     }
     cp_async_wait();
     __syncthreads();
-    for (int x = tid; x < t * K; x += THREADS) {
-        const int j = x / K, e = x % K;
+    for (int e = tid; e < K; e += THREADS) {
         float acc = n ? sh_G[n - 1] : 0.f;
-        for (int jj = 0; jj <= j; ++jj) acc += sh_g[jj];
-        if (e == 0) sh_G[n + j] = acc;
-        const float dec = expf(acc);
-        const float key = sh_kd[x];
-        sh_key[(n + j) * K + e] = key;
-        sh_kd[x] = key * dec;
-        sh_qd[x] = sh_q[x] * dec;
+        for (int j = 0; j < t; ++j) {
+            const int x = j * K + e;
+            acc += sh_g[j];
+            if (e == 0) sh_G[n + j] = acc;
+            const float dec = expf(acc);
+            const float key = sh_kd[x];
+            sh_key[(n + j) * K + e] = key;
+            sh_kd[x] = key * dec;
+            sh_qd[x] = sh_q[x] * dec;
+        }
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
-        for (int i = SCORE_RECORDS * warp; i <= n + j; i += SCORE_RECORDS * WARPS) {
+        for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[2 * SCORE_RECORDS];
             #pragma unroll
             for (int u = 0; u < SCORE_RECORDS; ++u) {
@@ -1026,49 +1072,96 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
                 (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
+    constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread
+    float2 frag[FRAGS];
+    #pragma unroll
+    for (int f = 0; f < FRAGS; ++f) {
+        const int x = tid + f * THREADS, part = x / ((K / 8) * 32), kc = (x / 32) % (K / 8), fl = x % 32;
+        const int d = fl >> 2, e = 4 * ((fl & 3) + 4 * (kc >> 1)) + 2 * (kc & 1);  // draft, first element
+        const float* vec = (part ? sh_kd : sh_qd) + d * K + e;
+        frag[f] = x < PARTS * (K / 8) * 32 && d < t ? make_float2(vec[0], vec[1]) : make_float2(0.f, 0.f);
+    }
     if (blockIdx.x == 0) {
         for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
     __syncthreads();
-    float wv[RPW];
     #pragma unroll
-    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    for (int f = 0; f < FRAGS; ++f) {
+        const int x = tid + f * THREADS, part = x / ((K / 8) * 32);
+        if (x < PARTS * (K / 8) * 32) reinterpret_cast<float2*>(part ? sh_kd : sh_qd)[x % ((K / 8) * 32)] = frag[f];
+    }
+    __syncthreads();
+    float cq[MT][4];
     #pragma unroll
-    for (int c0 = 0; c0 < RPW; c0 += VPASS) {  // compile-time row indices after unrolling
-        const int c_end = c0 + VPASS < RPW ? c0 + VPASS : RPW;
-        for (int j = 0; j < t; ++j) {
-            #pragma unroll
-            for (int c = c0; c < c_end; c += VERIFY_ROWS_REDUCED) {
-                constexpr int SUM_LANES = 32 / (PARTS * VERIFY_ROWS_REDUCED);  // lanes holding each value's sum
-                float part[PARTS * VERIFY_ROWS_REDUCED];
-                #pragma unroll
-                for (int u = 0; u < PARTS * VERIFY_ROWS_REDUCED; ++u) part[u] = 0.f;
-                #pragma unroll
-                for (int u = 0; u < VERIFY_ROWS_REDUCED; ++u) {
-                    const int r = c + u;
-                    if (r < c_end) {
-                        part[u] = row_dot_partial(s[r], sh_qd + j * K, lane) + (lane < n + j ? wv[r] * sh_sq[j * NREC + lane] : 0.f);
-                    }
-                }
-                const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
-                const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
-                float w = 0.f;
-                if (lane % SUM_LANES == 0 && u < VERIFY_ROWS_REDUCED && c + u < c_end) {  // the lane that finishes row c + u
-                    w = sh_beta[j] * sh_value[j * BV + rr];
-                    float o = sum + w * sh_sq[j * NREC + n + j];
-                    o += sh_skip[j * BV + rr];
-                    o *= sh_gate[j * BV + rr];
-                    if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f; }
+    #pragma unroll
+    for (int kc = 0; kc < K / 8; ++kc) {
+        const float2 fq = reinterpret_cast<const float2*>(sh_qd)[kc * 32 + lane];
+        const uint4 bq = split_b_fragment(fq.x, fq.y);
+        const int i = 4 * (kc >> 1) + 2 * (kc & 1);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            unsigned ab[4], as[4];
+            split_tf32(sm[mt][0][i], ab[0], as[0]); split_tf32(sm[mt][1][i], ab[1], as[1]);
+            split_tf32(sm[mt][0][i + 1], ab[2], as[2]); split_tf32(sm[mt][1][i + 1], ab[3], as[3]);
+            mma_3xtf32(cq[mt], ab, as, bq);
+        }
+    }
+    for (int kr = 0; 8 * kr < n; ++kr) {  // the buffer's records, 8 per product
+        const int i0 = 8 * kr + quad, i1 = i0 + 4;  // this lane's records (fragment columns)
+        const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,
+                                          i1 < n && g < t ? sh_sq[g * NREC + i1] : 0.f);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int r0 = 16 * mt + g, r1 = r0 + 8;
+            const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]
+            unsigned ab[4], as[4];
+            split_tf32(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f, ab[0], as[0]);
+            split_tf32(i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f, ab[1], as[1]);
+            split_tf32(i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f, ab[2], as[2]);
+            split_tf32(i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab[3], as[3]);
+            mma_3xtf32(cq[mt], ab, as, bq);
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < TMAX; ++j) {
+        if (j >= t) break;
+        const int d0 = 2 * quad, d1 = d0 + 1;  // this lane's drafts
+        const float q0 = d0 >= j && d0 < t ? sh_sq[d0 * NREC + n + j] : 0.f;
+        const float q1 = d1 >= j && d1 < t ? sh_sq[d1 * NREC + n + j] : 0.f;
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            {
+                const int rw = 16 * mt + 0 + g, rr = warp * RPW + rw, row = v0 + rr;
+                const float w = rw < RPW ? sh_beta[j] * sh_value[j * BV + rr] : 0.f;
+                if (quad == 0 && rw < RPW) {
                     if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
                 }
-                #pragma unroll
-                for (int v = 0; v < VERIFY_ROWS_REDUCED; ++v) {
-                    if (c + v < c_end) {  // known at compile time: no shuffle for padding rows
-                        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);
-                        if (lane == n + j) wv[c + v] = w_row;
-                    }
+                cq[mt][0] += w * q0; cq[mt][1] += w * q1;
+            }
+            {
+                const int rw = 16 * mt + 8 + g, rr = warp * RPW + rw, row = v0 + rr;
+                const float w = rw < RPW ? sh_beta[j] * sh_value[j * BV + rr] : 0.f;
+                if (quad == 0 && rw < RPW) {
+                    if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;
                 }
+                cq[mt][2] += w * q0; cq[mt][3] += w * q1;
+            }
+        }
+    }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int j = 2 * quad + (i & 1), rw = 16 * mt + 8 * (i >> 1) + g, rr = warp * RPW + rw, row = v0 + rr;
+            if (j < t && rw < RPW) {
+                float o = cq[mt][i];
+                o += sh_skip[j * BV + rr];
+                o *= sh_gate[j * BV + rr];
+                if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
             }
         }
     }

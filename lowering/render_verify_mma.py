@@ -1,0 +1,177 @@
+"""Lowering layer: verify's rows on tensor cores (fp32 state, K a multiple of 16, at most 8 drafts).
+
+All drafts at once: a warp's rows times the drafts' decayed queries and keys is a [16, K] x [K, 8]
+product per 16 rows (``mma.sync`` m16n8k8, tf32 inputs split in two for fp32 accuracy:
+``mma_3xtf32`` in ``replay_common.cuh``), and the buffered records' part a [16, n] x [n, 8] one
+(write records against the scores). No warp reductions. Each lane then holds, for rows g and g + 8
+of each 16-row tile (g = lane / 4), the sums of drafts 2·(lane % 4) and 2·(lane % 4) + 1; the drafts'
+own T×T triangular recurrence (delta rule: draft j's write needs the writes of drafts before it)
+runs on those, one shuffle per draft inside each quad of lanes.
+
+State fragments: lane (g, q = lane % 4) loads the float4s q + 4m (m < K / 16) of rows g and g + 8.
+The product sums over K in any order, so chunk 2m + c takes elements 2c and 2c + 1 of the lane's
+float4 m as the fragment's columns q and q + 4; the queries' and keys' fragments (split, in shared
+memory, in lane order) use the same element order.
+"""
+
+from __future__ import annotations
+
+from .render_blocks import Facts, epilogue, guarded, row_field
+
+LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
+
+
+FRAGMENT_DRAFTS = 8  # columns of a B fragment: sh_qd and sh_kd hold 8 drafts' worth when they hold fragments
+
+
+def tensor_core_verify(program, launch) -> bool:
+    """Whether verify's rows run on tensor cores: fp32 state, K a multiple of 16, at most 8 drafts, and
+    no register cap below 128 (a lane holds K / 2 state values per 16-row tile however few rows its
+    warp owns: under a cap they spill, and the SIMT rows serve those launch shapes)."""
+    return (program.config.state_dtype == "float32" and program.shape.k_dim % 16 == 0
+            and program.config.max_drafts <= FRAGMENT_DRAFTS and launch.max_registers >= 128)
+
+
+def mma_state_loads(state_expr: str) -> list[str]:
+    """Every state load of the warp first, in fragment order (rows past V or past the warp's rows: zeros)."""
+    return [
+        "constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp",
+        LANE_IDS,
+        "float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u",
+        "#pragma unroll",
+        "for (int mt = 0; mt < MT; ++mt) {",
+        "    #pragma unroll",
+        "    for (int h = 0; h < 2; ++h) {",
+        "        const int rw = 16 * mt + 8 * h + g, row = v0 + warp * RPW + rw;",
+        "        const bool live = 16 * mt + 8 * h < RPW && rw < RPW && row < V;  // (the first test at compile time)",
+        "        #pragma unroll",
+        "        for (int m = 0; m < K / 16; ++m) {",
+        f"            const float4 x = live ? *reinterpret_cast<const float4*>({state_expr} + 4 * (quad + 4 * m))",
+        "                                  : make_float4(0.f, 0.f, 0.f, 0.f);",
+        "            sm[mt][h][4 * m] = x.x; sm[mt][h][4 * m + 1] = x.y; sm[mt][h][4 * m + 2] = x.z; sm[mt][h][4 * m + 3] = x.w;",
+        "        }",
+        "    }",
+        "}",
+    ]
+
+
+def mma_fragment_gather(decl) -> list[str]:
+    """The drafts' decayed queries (and keys) read in B-fragment order into registers (after the
+    cumulate barrier); ``mma_fragment_store`` writes them back over ``sh_qd`` (``sh_kd``) after the
+    next barrier, as ``float2`` per lane and chunk. Columns past the drafts are zeros."""
+    return [
+        "constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread",
+        "float2 frag[FRAGS];",
+        "#pragma unroll",
+        "for (int f = 0; f < FRAGS; ++f) {",
+        "    const int x = tid + f * THREADS, part = x / ((K / 8) * 32), kc = (x / 32) % (K / 8), fl = x % 32;",
+        "    const int d = fl >> 2, e = 4 * ((fl & 3) + 4 * (kc >> 1)) + 2 * (kc & 1);  // draft, first element",
+        "    const float* vec = (part ? sh_kd : sh_qd) + d * K + e;",
+        "    frag[f] = x < PARTS * (K / 8) * 32 && d < t ? make_float2(vec[0], vec[1]) : make_float2(0.f, 0.f);",
+        "}",
+    ]
+
+
+def mma_fragment_store() -> list[str]:
+    return [
+        "#pragma unroll",
+        "for (int f = 0; f < FRAGS; ++f) {",
+        "    const int x = tid + f * THREADS, part = x / ((K / 8) * 32);",
+        "    if (x < PARTS * (K / 8) * 32) reinterpret_cast<float2*>(part ? sh_kd : sh_qd)[x % ((K / 8) * 32)] = frag[f];",
+        "}",
+        "__syncthreads();",
+    ]
+
+
+def _products(decl) -> list[str]:
+    """cq (and ck) += state rows × drafts' queries (keys), then + write records × scores."""
+    delta = decl.is_delta
+    acc = "float cq[MT][4]" + (", ck[MT][4]" if delta else "") + ";"
+    zero = "for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f;" + (" ck[mt][i] = 0.f;" if delta else "") + " }"
+    state = ["#pragma unroll", "for (int kc = 0; kc < K / 8; ++kc) {",
+             "    const float2 fq = reinterpret_cast<const float2*>(sh_qd)[kc * 32 + lane];", "    const uint4 bq = split_b_fragment(fq.x, fq.y);"]
+    if delta:
+        state += ["    const float2 fk = reinterpret_cast<const float2*>(sh_kd)[kc * 32 + lane];", "    const uint4 bk = split_b_fragment(fk.x, fk.y);"]
+    state += ["    const int i = 4 * (kc >> 1) + 2 * (kc & 1);",
+              "    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {",
+              "        unsigned ab[4], as[4];",
+              "        split_tf32(sm[mt][0][i], ab[0], as[0]); split_tf32(sm[mt][1][i], ab[1], as[1]);",
+              "        split_tf32(sm[mt][0][i + 1], ab[2], as[2]); split_tf32(sm[mt][1][i + 1], ab[3], as[3]);",
+              "        mma_3xtf32(cq[mt], ab, as, bq);"]
+    if delta:
+        state.append("        mma_3xtf32(ck[mt], ab, as, bk);")
+    state += ["    }", "}"]
+    rec_b = ["    const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,",
+             "                                      i1 < n && g < t ? sh_sq[g * NREC + i1] : 0.f);"]
+    if delta:
+        rec_b += ["    const uint4 bk = split_b_fragment(i0 < n && g < t ? sh_sk[g * NREC + i0] : 0.f,",
+                  "                                      i1 < n && g < t ? sh_sk[g * NREC + i1] : 0.f);"]
+    records = (["for (int kr = 0; 8 * kr < n; ++kr) {  // the buffer's records, 8 per product",
+                "    const int i0 = 8 * kr + quad, i1 = i0 + 4;  // this lane's records (fragment columns)"]
+               + rec_b
+               + ["    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {",
+                  "        const int r0 = 16 * mt + g, r1 = r0 + 8;",
+                  "        const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]",
+                  "        unsigned ab[4], as[4];",
+                  "        split_tf32(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f, ab[0], as[0]);",
+                  "        split_tf32(i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f, ab[1], as[1]);",
+                  "        split_tf32(i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f, ab[2], as[2]);",
+                  "        split_tf32(i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab[3], as[3]);",
+                  "        mma_3xtf32(cq[mt], ab, as, bq);"]
+               + (["        mma_3xtf32(ck[mt], ab, as, bk);"] if delta else [])
+               + ["    }", "}"])
+    return [acc, "#pragma unroll", "for (int mt = 0; mt < MT; ++mt)", "    #pragma unroll", "    " + zero] + state + records
+
+
+def _append_write(f: Facts, append_guard) -> list[str]:
+    store = "if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
+    return guarded(append_guard, [store]) if append_guard is not None else []
+
+
+def _drafts_in_order(decl, f: Facts, append_guard) -> list[str]:
+    """Draft j's write w_j from its key projection (delta rule: held by lane 4·(g) + j / 2), shared
+    in the quad, stored once, and added to the later drafts' sums with their scores against record
+    n + j (outputs from draft j on, key projections after it)."""
+    delta = decl.is_delta
+    value = row_field(decl, "value")
+    lines = ["#pragma unroll", "for (int j = 0; j < TMAX; ++j) {", "    if (j >= t) break;",
+             "    const int d0 = 2 * quad, d1 = d0 + 1;  // this lane's drafts",
+             "    const float q0 = d0 >= j && d0 < t ? sh_sq[d0 * NREC + n + j] : 0.f;",
+             "    const float q1 = d1 >= j && d1 < t ? sh_sq[d1 * NREC + n + j] : 0.f;"]
+    if delta:
+        lines += ["    const float k0 = d0 > j && d0 < t ? sh_sk[d0 * NREC + n + j] : 0.f;",
+                  "    const float k1 = d1 > j && d1 < t ? sh_sk[d1 * NREC + n + j] : 0.f;"]
+    per_tile = []
+    for h in (0, 1):
+        per_tile.append("{")
+        body = [f"const int rw = 16 * mt + {8 * h} + g, rr = warp * RPW + rw, row = v0 + rr;"]
+        if delta:
+            body += [f"const float pk = (j & 1) ? ck[mt][{2 * h + 1}] : ck[mt][{2 * h}];  // right in the lane holding draft j",
+                     f"float w = rw < RPW ? sh_beta[j] * ({value} - pk) : 0.f;",
+                     "w = __shfl_sync(0xffffffffu, w, (lane & ~3) | (j >> 1));",
+                     "if (quad == (j >> 1) && rw < RPW) {"]
+        else:
+            body += [f"const float w = rw < RPW ? sh_beta[j] * {value} : 0.f;", "if (quad == 0 && rw < RPW) {"]
+        body += ["    " + x for x in _append_write(f, append_guard)] + ["}"]
+        body += [f"cq[mt][{2 * h}] += w * q0; cq[mt][{2 * h + 1}] += w * q1;"]
+        if delta:
+            body += [f"ck[mt][{2 * h}] += w * k0; ck[mt][{2 * h + 1}] += w * k1;"]
+        per_tile += ["    " + x for x in body] + ["}"]
+    lines += ["    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {"] + ["        " + x for x in per_tile] + ["    }", "}"]
+    return lines
+
+
+def _outputs(decl, f: Facts) -> list[str]:
+    out = ("if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
+           if f.stmts["store_output"].attr("per_draft") else
+           "if (row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;")
+    body = (["const int j = 2 * quad + (i & 1), rw = 16 * mt + 8 * (i >> 1) + g, rr = warp * RPW + rw, row = v0 + rr;",
+             "if (j < t && rw < RPW) {", "    float o = cq[mt][i];"]
+            + ["    " + x for x in epilogue(decl)] + ["    " + out, "}"])
+    return (["#pragma unroll", "for (int mt = 0; mt < MT; ++mt) {", "    #pragma unroll", "    for (int i = 0; i < 4; ++i) {"]
+            + ["        " + x for x in body] + ["    }", "}"])
+
+
+def mma_verify_rows(decl, f: Facts, append_guard) -> list[str]:
+    """Verify's row work on tensor cores: products, the drafts' recurrence, outputs."""
+    return mma_fragment_store() + _products(decl) + _drafts_in_order(decl, f, append_guard) + _outputs(decl, f)
