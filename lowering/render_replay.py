@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .ir import Kernel, Program
 from .launch import LaunchConfig
-from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_state_loads, mma_verify_rows,
+from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
@@ -168,9 +168,10 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += _arrive()
     body += _cumulate(decl)
     body.append("__syncthreads();")
-    body += _scores(decl)
-    if tensor_cores:
-        body += mma_fragment_gather(decl)
+    if tensor_cores and decl.decay_form != "vector":
+        body += mma_scores(decl) + mma_fragment_gather(decl)
+    else:
+        body += _scores(decl) + (mma_fragment_gather(decl) if tensor_cores else [])
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:

@@ -83,6 +83,37 @@ def mma_fragment_store() -> list[str]:
     ]
 
 
+def mma_scores(decl) -> list[str]:
+    """The scores on tensor cores, for a scalar decay or none (e^{G_{n+j} − G_i} then factors out of
+    the dot product): keys of records and drafts [32, K] × the drafts' raw queries (keys) [K, 8], a
+    warp per 16 keys and part, then scaled; only i ≤ n + j is stored, as the SIMT scores do. Each
+    lane reads float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's."""
+    assert decl.decay_form != "vector", "a decay vector does not factor out of the scores"
+    scale = " * expf(sh_G[n + j] - sh_G[rec])" if decl.decay_form == "scalar" else ""
+    zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
+    return [
+        "for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {",
+        "    const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys",
+        "    const float* col = part ? sh_key + (n + g) * K : sh_q + g * K;  // draft g's key or query",
+        "    float c[4] = {0.f, 0.f, 0.f, 0.f};",
+        "    #pragma unroll",
+        "    for (int m = 0; m < K / 16; ++m) {",
+        "        const int e = 16 * m + 4 * quad;",
+        f"        const float4 lo = i0 < n + t ? *reinterpret_cast<const float4*>(sh_key + i0 * K + e) : {zero};",
+        f"        const float4 hi = i1 < n + t ? *reinterpret_cast<const float4*>(sh_key + i1 * K + e) : {zero};",
+        f"        const float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};",
+        "        mma_3xtf32_floats(c, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);",
+        "        mma_3xtf32_floats(c, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);",
+        "    }",
+        "    #pragma unroll",
+        "    for (int v = 0; v < 4; ++v) {",
+        "        const int rec = v < 2 ? i0 : i1, j = 2 * quad + (v & 1);",
+        f"        if (j < t && rec <= n + j) (part ? sh_sk : sh_sq)[j * NREC + rec] = c[v]{scale};",
+        "    }",
+        "}",
+    ]
+
+
 def _products(decl) -> list[str]:
     """cq (and ck) += state rows × drafts' queries (keys), then + write records × scores."""
     delta = decl.is_delta

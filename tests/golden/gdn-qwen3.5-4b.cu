@@ -266,6 +266,16 @@ __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     split_tf32(x1, b.y, b.w);
     return b;
 }
+// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
+__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
+                                                  float b1) {
+    unsigned ab[4], as[4];
+    split_tf32(a0, ab[0], as[0]);
+    split_tf32(a1, ab[1], as[1]);
+    split_tf32(a2, ab[2], as[2]);
+    split_tf32(a3, ab[3], as[3]);
+    mma_3xtf32(c, ab, as, split_b_fragment(b0, b1));
+}
 
 
 // kernel conventional_step grid=(VT, HV, B)  # baseline: read S, update, write S, output
@@ -1094,29 +1104,23 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     __syncthreads();
-    for (int j = 0; j < t; ++j) {
-        for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
-            float dot[2 * SCORE_RECORDS];
-            #pragma unroll
-            for (int u = 0; u < SCORE_RECORDS; ++u) {
-                const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
-                float aq = 0.f, ak = 0.f;
-                #pragma unroll
-                for (int c = 0; c < KE; ++c) {
-                    const int e = k_index(c, lane);
-                    if (e < K) {
-                        const float kd = sh_key[rec * K + e];
-                        aq += kd * sh_q[j * K + e];
-                        ak += kd * sh_key[(n + j) * K + e];
-                    }
-                }
-                dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
-            }
-            const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
-            constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
-            if (lane % SCORE_LANES == 0 && rec <= n + j)
-                (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
+    for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {
+        const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys
+        const float* col = part ? sh_key + (n + g) * K : sh_q + g * K;  // draft g's key or query
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        #pragma unroll
+        for (int m = 0; m < K / 16; ++m) {
+            const int e = 16 * m + 4 * quad;
+            const float4 lo = i0 < n + t ? *reinterpret_cast<const float4*>(sh_key + i0 * K + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 hi = i1 < n + t ? *reinterpret_cast<const float4*>(sh_key + i1 * K + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            mma_3xtf32_floats(c, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);
+            mma_3xtf32_floats(c, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);
+        }
+        #pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            const int rec = v < 2 ? i0 : i1, j = 2 * quad + (v & 1);
+            if (j < t && rec <= n + j) (part ? sh_sk : sh_sq)[j * NREC + rec] = c[v] * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
     constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread
