@@ -20,7 +20,9 @@ import numpy as np
 
 from replayssm_dsl import knobs
 from replayssm_dsl.errors import LoweringError
+from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
 
 from .benchmark import capture_graphs, mixed_steady_state, time_graphs
 
@@ -30,7 +32,8 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
               LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80))  # 6 CTAs per SM
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
-# step, small batches) and verify's rows in one pass through the drafts (where that builds clean).
+# step, small batches) and verify's rows in one pass through the drafts (where that builds clean;
+# only where verify's rows run on SIMT lanes, see ``tensor_core_verify``).
 GROUP_EXTRAS = {
     "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
@@ -47,6 +50,12 @@ CONVENTIONAL_KERNELS = ("conventional_step", "snapshot_verify")
 def candidates(group: str) -> tuple[LaunchConfig, ...]:
     """The launch shapes ``tune_step`` times for ``group``."""
     return CANDIDATES + GROUP_EXTRAS[group]
+
+
+def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
+    """``candidates(group)`` less those that render the same kernels as another for ``program``: verify's
+    rows per pass where verify's rows run on tensor cores (which take no passes)."""
+    return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c)))
 
 
 def group_of(kernel: str) -> str:
@@ -93,7 +102,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
 
     timings = {}
     rng = np.random.default_rng(0)
-    for launch in candidates(group):
+    program = lower(decl, shape, config)
+    for launch in distinct_candidates(program, group):
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
         if cache.compiled.local_memory() != {}:
             continue  # does not build, or spills
@@ -116,7 +126,6 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         else:
             stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", rows, batch, toks, out=out), 1)
         timings[launch] = time_graphs(cp, stream, graphs, reps)
-        program = cache.program
         del cache
     if not timings:
         raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds without spills for "

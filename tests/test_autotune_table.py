@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
@@ -93,3 +93,16 @@ def test_an_entry_this_version_cannot_read_is_no_entry(program, tmp_path, monkey
 def test_launch_config_refuses_what_no_kernel_can_run(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         LaunchConfig(**bad)
+
+
+def test_tensor_core_verify_drops_the_rows_per_pass_options():
+    """Verify's rows on tensor cores take no passes through the drafts: the tuner does not time a
+    ``/p`` option there (the same kernel twice); where verify's rows run on SIMT lanes it does."""
+    from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
+    tensor = lower(variants.get("gdn"), ModelShape(4, 2, 64, 128), ReplayConfig(window=16, max_drafts=8))
+    simt = lower(variants.get("gdn"), ModelShape(4, 2, 64, 100), ReplayConfig(window=16, max_drafts=8))  # K % 16 != 0
+    assert tensor_core_verify(tensor, LaunchConfig(4, 16)) and not tensor_core_verify(simt, LaunchConfig(4, 16))
+    assert not tensor_core_verify(tensor, LaunchConfig(4, 10, max_registers=96)), "a register cap keeps the SIMT rows"
+    assert not any(c.verify_rows_per_pass for c in autotune.distinct_candidates(tensor, "verify"))
+    assert autotune.distinct_candidates(simt, "verify") == autotune.candidates("verify")
+    assert autotune.distinct_candidates(tensor, "replay") == autotune.candidates("replay")
