@@ -14,7 +14,7 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields,
+from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
                             row_field, row_loads, row_records, shared_decls, stage_row_fields, state_page_lines,
                             store_rows)
@@ -169,9 +169,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += _cumulate(decl)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
-        body += mma_scores(decl) + mma_fragment_gather(decl)
+        body += mma_scores(decl) + mma_fragment_gather()
     else:
-        body += _scores(decl) + (mma_fragment_gather(decl) if tensor_cores else [])
+        body += _scores(decl) + (mma_fragment_gather() if tensor_cores else [])
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:

@@ -10,8 +10,9 @@ runs on those, one shuffle per draft inside each quad of lanes.
 
 State fragments: lane (g, q = lane % 4) loads the float4s q + 4m (m < K / 16) of rows g and g + 8.
 The product sums over K in any order, so chunk 2m + c takes elements 2c and 2c + 1 of the lane's
-float4 m as the fragment's columns q and q + 4; the queries' and keys' fragments (split, in shared
-memory, in lane order) use the same element order.
+float4 m as the fragment's columns q and q + 4; the queries' and keys' fragments (in shared memory,
+in lane order, split at use) use the same element order. For a scalar decay (or none) the scores
+are tensor-core products too (``mma_scores``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def mma_state_loads(state_expr: str) -> list[str]:
     ]
 
 
-def mma_fragment_gather(decl) -> list[str]:
+def mma_fragment_gather() -> list[str]:
     """The drafts' decayed queries (and keys) read in B-fragment order into registers (after the
     cumulate barrier); ``mma_fragment_store`` writes them back over ``sh_qd`` (``sh_kd``) after the
     next barrier, as ``float2`` per lane and chunk. Columns past the drafts are zeros."""
@@ -154,7 +155,7 @@ def _products(decl) -> list[str]:
     return [acc, "#pragma unroll", "for (int mt = 0; mt < MT; ++mt)", "    #pragma unroll", "    " + zero] + state + records
 
 
-def _append_write(f: Facts, append_guard) -> list[str]:
+def _append_write(append_guard) -> list[str]:
     store = "if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
     return guarded(append_guard, [store]) if append_guard is not None else []
 
@@ -183,7 +184,7 @@ def _drafts_in_order(decl, f: Facts, append_guard) -> list[str]:
                      "if (quad == (j >> 1) && rw < RPW) {"]
         else:
             body += [f"const float w = rw < RPW ? sh_beta[j] * {value} : 0.f;", "if (quad == 0 && rw < RPW) {"]
-        body += ["    " + x for x in _append_write(f, append_guard)] + ["}"]
+        body += ["    " + x for x in _append_write(append_guard)] + ["}"]
         body += [f"cq[mt][{2 * h}] += w * q0; cq[mt][{2 * h + 1}] += w * q1;"]
         if delta:
             body += [f"ck[mt][{2 * h}] += w * k0; ck[mt][{2 * h + 1}] += w * k1;"]
