@@ -288,10 +288,11 @@ def main(args) -> int:
         for batch in batches:
             r = bench_one(cp, preset_name, batch, reps)
             results.append(r)
+            # rewritten after every row: a run cut short keeps what it measured
+            (out / "results.json").write_text(json.dumps(results, indent=1))
             print(f"{preset_name:<20} B={batch:<4} launch {r['launch']}  conv {r['conventional_step']:.3f}  replay {r['replay_step']:.3f}  "
-                  f"copy {r['copy_floor']:.3f}  read {r['read_floor']:.3f}  fla {r['fla_step'] or float('nan'):.3f}  "
-                  f"({time.time() - t0:.0f}s)", flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+                  f"ver8 {r['verify_T8']:.3f}  copy {r['copy_floor']:.3f}  read {r['read_floor']:.3f}  "
+                  f"fla {r['fla_step'] or float('nan'):.3f}  ({time.time() - t0:.0f}s)", flush=True)
     table = markdown(results)
     (out / "results.md").write_text(table)
     plotted = plot(results, out / "speedup.png")
