@@ -279,6 +279,18 @@ def store_rows(target: str) -> list[str]:
             f"    if (row < V) store_row({target}, s[r], lane);", "}"]
 
 
+def output_store(f: Facts) -> str:
+    """Store row ``row``'s output ``o`` of token ``j`` (of draft ``j`` where the plan stores per draft)."""
+    if f.stmts["store_output"].attr("per_draft"):
+        return "if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
+    return "if (row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
+
+
+def record_write_store() -> str:
+    """Append row ``row``'s write ``w`` of token ``j`` to the buffer, as record n + j."""
+    return "if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
+
+
 CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
 STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
 

@@ -15,9 +15,9 @@ from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
-                            fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
-                            row_field, row_loads, row_records, shared_decls, stage_row_fields, state_page_lines,
-                            store_rows)
+                            fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, output_store,
+                            record_write_store, row_check_lines, row_field, row_loads, row_records, shared_decls,
+                            stage_row_fields, state_page_lines, store_rows)
 
 
 def _cumulate(decl) -> list[str]:
@@ -65,18 +65,6 @@ def _scores(decl) -> list[str]:
             + ["        " + line for line in body] + ["    }", "}"])
 
 
-def _per_draft_store(f: Facts, who: str = "lane == 0 && ") -> str:
-    if f.stmts["store_output"].attr("per_draft"):
-        return f"if ({who}row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
-    return f"if ({who}row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;"
-
-
-def _rec_write_store(who: str = "lane == 0 && ") -> str:
-    return f"if ({who}row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
-
-
-
-
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
                            keep_record: str | None) -> list[str]:
     """One group of ``group`` rows (a C constant: ``ROWS_REDUCED`` or ``VERIFY_ROWS_REDUCED``; rows
@@ -98,9 +86,9 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
         write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
         write = [f"w = sh_beta[j] * {value};"]
-    finish = write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl) + [_per_draft_store(f, "")]
+    finish = write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl) + [output_store(f)]
     if append_guard is not None:
-        finish += guarded(append_guard, [_rec_write_store("")])
+        finish += guarded(append_guard, [record_write_store()])
     keep = ["#pragma unroll", f"for (int v = 0; v < {group}; ++v) {{",
             f"    if ({first} + v < {end}) {{  // known at compile time: no shuffle for padding rows",
             "        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);",
@@ -168,10 +156,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += _arrive()
     body += _cumulate(decl)
     body.append("__syncthreads();")
-    if tensor_cores and decl.decay_form != "vector":
-        body += mma_scores(decl) + mma_fragment_gather()
-    else:
-        body += _scores(decl) + (mma_fragment_gather() if tensor_cores else [])
+    scores = mma_scores if tensor_cores and decl.decay_form != "vector" else _scores  # a decay vector: SIMT
+    body += scores(decl) + (mma_fragment_gather() if tensor_cores else [])
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:

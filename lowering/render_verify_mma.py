@@ -17,7 +17,7 @@ are tensor-core products too (``mma_scores``).
 
 from __future__ import annotations
 
-from .render_blocks import Facts, epilogue, guarded, row_field
+from .render_blocks import Facts, epilogue, guarded, output_store, record_write_store, row_field
 
 LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
 
@@ -155,17 +155,13 @@ def _products(decl) -> list[str]:
     return [acc, "#pragma unroll", "for (int mt = 0; mt < MT; ++mt)", "    #pragma unroll", "    " + zero] + state + records
 
 
-def _append_write(append_guard) -> list[str]:
-    store = "if (row < V) rec_write[(((size_t)slot * HV + hv) * CAPACITY + n + j) * V + row] = w;"
-    return guarded(append_guard, [store]) if append_guard is not None else []
-
-
 def _drafts_in_order(decl, f: Facts, append_guard) -> list[str]:
     """Draft j's write w_j from its key projection (delta rule: held by lane 4·(g) + j / 2), shared
     in the quad, stored once, and added to the later drafts' sums with their scores against record
     n + j (outputs from draft j on, key projections after it)."""
     delta = decl.is_delta
     value = row_field(decl, "value")
+    append = guarded(append_guard, [record_write_store()]) if append_guard is not None else []
     lines = ["#pragma unroll", "for (int j = 0; j < TMAX; ++j) {", "    if (j >= t) break;",
              "    const int d0 = 2 * quad, d1 = d0 + 1;  // this lane's drafts",
              "    const float q0 = d0 >= j && d0 < t ? sh_sq[d0 * NREC + n + j] : 0.f;",
@@ -184,7 +180,7 @@ def _drafts_in_order(decl, f: Facts, append_guard) -> list[str]:
                      "if (quad == (j >> 1) && rw < RPW) {"]
         else:
             body += [f"const float w = rw < RPW ? sh_beta[j] * {value} : 0.f;", "if (quad == 0 && rw < RPW) {"]
-        body += ["    " + x for x in _append_write(append_guard)] + ["}"]
+        body += ["    " + x for x in append] + ["}"]
         body += [f"cq[mt][{2 * h}] += w * q0; cq[mt][{2 * h + 1}] += w * q1;"]
         if delta:
             body += [f"ck[mt][{2 * h}] += w * k0; ck[mt][{2 * h + 1}] += w * k1;"]
@@ -194,12 +190,9 @@ def _drafts_in_order(decl, f: Facts, append_guard) -> list[str]:
 
 
 def _outputs(decl, f: Facts) -> list[str]:
-    out = ("if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"
-           if f.stmts["store_output"].attr("per_draft") else
-           "if (row < V) out[((size_t)b * t_tok * HV + hv) * V + row] = o;")
     body = (["const int j = 2 * quad + (i & 1), rw = 16 * mt + 8 * (i >> 1) + g, rr = warp * RPW + rw, row = v0 + rr;",
              "if (j < t && rw < RPW) {", "    float o = cq[mt][i];"]
-            + ["    " + x for x in epilogue(decl)] + ["    " + out, "}"])
+            + ["    " + x for x in epilogue(decl)] + ["    " + output_store(f), "}"])
     return (["#pragma unroll", "for (int mt = 0; mt < MT; ++mt) {", "    #pragma unroll", "    for (int i = 0; i < 4; ++i) {"]
             + ["        " + x for x in body] + ["    }", "}"])
 
