@@ -24,7 +24,7 @@ from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
 
-from .benchmark import capture_graphs, mixed_steady_state, time_graphs
+from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
@@ -115,14 +115,9 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
             stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
         elif group == "verify":
             t = config.max_drafts
-            drafts = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows, t)).items()}
-            vb = dict(batch, drafts=cp.full(rows, t, cp.int32), accepted=cp.zeros(rows, cp.int32))
-            outt = cp.empty((rows, t, shape.heads, shape.v_dim), cp.float32)
-
-            def verify_commit(i, vb=vb, drafts=drafts, outt=outt, cache=cache):
-                cache.launch_verify(vb, drafts, outt)
-                cache.launch_commit(vb, t)
-            stream, graphs = capture_graphs(cp, verify_commit, 1)
+            (drafts,), vb, outt = verify_inputs(cp, decl, shape, rng, batch, t)
+            stream, graphs = capture_graphs(cp, lambda i, cache=cache, vb=vb, drafts=drafts, outt=outt:
+                                            verify_and_commit(cache, vb, drafts, outt, t), 1)
         else:
             stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", rows, batch, toks, out=out), 1)
         timings[launch] = time_graphs(cp, stream, graphs, reps)

@@ -49,6 +49,22 @@ def mixed_steady_state(cache, rows: int) -> dict:
     return {k: cp.asarray(v) for k, v in cache._batch(np.arange(rows, dtype=np.int32)).items()}
 
 
+def verify_inputs(cp, decl, shape, rng, batch: dict, t: int, sets: int = 1) -> tuple[list, dict, object]:
+    """Verify with ``t`` drafts as the benchmark times it: ``sets`` device token sets ``[rows, t, ...]``,
+    the batch (device arrays of ``rows`` rows) with ``drafts`` = t and ``accepted`` = 0, so its commit
+    leaves the fills where they are, and an output ``[rows, t, HV, V]``."""
+    rows = int(batch["slot"].shape[0])
+    tokens = [{k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows, t)).items()}
+              for _ in range(sets)]
+    drafted = dict(batch, drafts=cp.full(rows, t, cp.int32), accepted=cp.zeros(rows, cp.int32))
+    return tokens, drafted, cp.empty((rows, t, shape.heads, shape.v_dim), cp.float32)
+
+
+def verify_and_commit(cache, batch: dict, tokens: dict, out, t: int) -> None:
+    cache.launch_verify(batch, tokens, out)
+    cache.launch_commit(batch, t)
+
+
 def capture_graphs(cp, build, sets: int):
     """Capture ``build(i)`` (a sequence of launches on input set ``i``) into one graph per set."""
     stream = cp.cuda.Stream(non_blocking=True)
@@ -191,15 +207,9 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     stream, graphs = capture_graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
     res["flush"] = time_graphs(cp, stream, graphs, reps)
     for t in (2, 4, 8):
-        toks = [{k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
-                for _ in range(2)]
-        vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32), accepted=cp.zeros(batch, cp.int32))
-        outt = cp.empty((batch, t, HV, V), cp.float32)
-
-        def verify_commit(i, toks=toks, vb=vb, outt=outt):
-            cache.launch_verify(vb, toks[i], outt)
-            cache.launch_commit(vb, t)
-        stream, graphs = capture_graphs(cp, verify_commit, 2)
+        toks, vb, outt = verify_inputs(cp, decl, shape, rng, batch_dev, t, sets=2)
+        stream, graphs = capture_graphs(cp, lambda i, toks=toks, vb=vb, outt=outt, t=t:
+                                        verify_and_commit(cache, vb, toks[i], outt, t), 2)
         res[f"verify_T{t}"] = time_graphs(cp, stream, graphs, reps)
     t = 8
     snaps = cp.empty((batch, t, HV, V, K), cp.float32)

@@ -21,7 +21,7 @@ import numpy as np
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.random_inputs import random_params, random_tokens
-from replayssm_dsl.runtime.benchmark import mixed_steady_state
+from replayssm_dsl.runtime.benchmark import mixed_steady_state, verify_and_commit, verify_inputs
 from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
 
 
@@ -49,14 +49,9 @@ def main() -> None:
         cache._launch("conventional_step", args.batch, batch, toks, out=out)
     for _ in range(args.launches):
         cache._launch("flush", args.batch, batch)
-    drafts = {k: cp.asarray(v.astype(np.float32))
-              for k, v in random_tokens(decl, shape, rng, (args.batch, args.drafts)).items()}
-    verify_batch = dict(batch, drafts=cp.full(args.batch, args.drafts, cp.int32),
-                        accepted=cp.zeros(args.batch, cp.int32))
-    out_drafts = cp.empty((args.batch, args.drafts, shape.heads, shape.v_dim), cp.float32)
+    (drafts,), verify_batch, out_drafts = verify_inputs(cp, decl, shape, rng, batch, args.drafts)
     for _ in range(args.launches):
-        cache.launch_verify(verify_batch, drafts, out_drafts)
-        cache.launch_commit(verify_batch, args.drafts)
+        verify_and_commit(cache, verify_batch, drafts, out_drafts, args.drafts)
     cp.cuda.runtime.deviceSynchronize()
     print(f"profile_step: {args.preset} B={args.batch}: {args.launches} launches each of replay_step, "
           f"conventional_step, flush, verify (T={args.drafts})")
