@@ -14,7 +14,7 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, draft_row_loop, epilogue, fields,
+from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, row_check_lines,
                             row_field, row_loads, row_records, shared_decls, stage_row_fields, state_page_lines,
                             store_rows)
