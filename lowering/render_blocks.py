@@ -258,22 +258,6 @@ def fold_rows(decl, last: str, count: str) -> list[str]:
         "}"]
 
 
-def draft_row_loop(inner: list[str], chunk: str | None = None, per_token: list[str] = ()) -> list[str]:
-    """Drafts outside (sequential), the warp's rows inside: unrolled and branch-free, so the rows'
-    shuffle reductions interleave (stores to rows past V are skipped by ``row < V`` in ``inner``).
-    With ``chunk``, the rows go ``chunk`` at a time through all drafts (rows are independent): fewer
-    reductions in flight, so more rows per warp fit in the register cap without spilling.
-    ``per_token``: lines run once per draft (per chunk of rows) before its rows."""
-    rows = "int r = 0; r < RPW; ++r" if chunk is None else f"int r = c; r < c + {chunk} && r < RPW; ++r"
-    loop = (["for (int j = 0; j < t; ++j) {"] + ["    " + x for x in per_token]
-            + ["    #pragma unroll", f"    for ({rows}) {{", "        const int rr = warp * RPW + r, row = v0 + rr;"]
-            + ["        " + x for x in inner] + ["    }", "}"])
-    if chunk is None:
-        return loop
-    return (["#pragma unroll", f"for (int c = 0; c < RPW; c += {chunk}) {{  // compile-time row indices after unrolling"]
-            + ["    " + x for x in loop] + ["}"])
-
-
 def store_rows(target: str) -> list[str]:
     return ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
             f"    if (row < V) store_row({target}, s[r], lane);", "}"]

@@ -24,7 +24,7 @@ from replayssm_dsl.errors import LoweringError
 from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, rows_reduced
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
-                            draft_row_loop, epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
+                            epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, shared_decls, stage_row_fields,
                             store_rows)
 from .render_replay import render_replay
@@ -43,25 +43,42 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
                         "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }"]}[decl.decay_form]
     value = row_field(decl, "value")
     # o = (S' + w kᵀ)·q = S'·q + w (k·q) and, for the delta rule, pk = S'·k (S' the decayed state):
-    # k·q once per token; a row's dot products in one multi-value reduction, none waiting on the update
+    # k·q once per token; a group of rows' dot products in one transpose reduction (as the replay
+    # rows: ROWS_REDUCED rows, the lane holding a row's sums finishes it), then each row's write w
+    # from its lane by a shuffle, and the rank-one update
     per_token = ["const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q"]
-    dots = ["part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q"]
+    dots = ["part[u] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q"]
     if decl.is_delta:
-        dots += ["part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k"]
-        write = [f"const float w = sh_beta[j] * ({value} - part[1]);"]
+        dots += ["part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k"]
+        write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
-        write = [f"const float w = sh_beta[j] * {value};"]
+        write = [f"w = sh_beta[j] * {value};"]
     snapshots = f.stmts["recur"].attr("snapshots")
-    inner = decay + [f"float part[{len(dots)}];"] + dots + ["warp_sum_all(part, lane);"] + write + [
-        "#pragma unroll",
-        "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }",
-        "float o = part[0] + w * kq;",
-    ] + epilogue(decl) + [
-        "if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;",
-    ]
+    finish = write + ["float o = sum + w * kq;"] + epilogue(decl) + [
+        "if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;"]
+    update = ["const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);  // row c + v's write",
+              "#pragma unroll",
+              "for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w_row * sh_key[j * K + e]; }"]
     if snapshots:
-        inner.append("if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);")
-    body += draft_row_loop(inner, per_token=per_token)
+        update += ["const int row_r = v0 + warp * RPW + r;",
+                   "if (row_r < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row_r) * K, s[r], lane);"]
+    group = (["constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum",
+              "float part[PARTS * ROWS_REDUCED];", "#pragma unroll",
+              "for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;",
+              "#pragma unroll", "for (int u = 0; u < ROWS_REDUCED; ++u) {", "    const int r = c + u;",
+              "    if (r < RPW) {  // known at compile time"]
+             + ["        " + x for x in decay + dots] + ["    }", "}",
+                "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
+             + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k"]
+                if decl.is_delta else [])
+             + ["const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;", "float w = 0.f;",
+                "if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u"]
+             + ["    " + x for x in finish] + ["}"]
+             + ["#pragma unroll", "for (int v = 0; v < ROWS_REDUCED; ++v) {", "    const int r = c + v;",
+                "    if (r < RPW) {  // known at compile time"] + ["        " + x for x in update] + ["    }", "}"])
+    body += (["for (int j = 0; j < t; ++j) {"] + ["    " + x for x in per_token]
+             + ["    #pragma unroll", "    for (int c = 0; c < RPW; c += ROWS_REDUCED) {"]
+             + ["        " + x for x in group] + ["    }", "}"])
     if not snapshots:
         body += store_rows(STATE_ROW.format(page="dst"))
     return body

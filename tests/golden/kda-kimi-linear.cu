@@ -408,19 +408,39 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     for (int j = 0; j < t; ++j) {
         const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int rr = warp * RPW + r, row = v0 + rr;
+        for (int c = 0; c < RPW; c += ROWS_REDUCED) {
+            constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
+            float part[PARTS * ROWS_REDUCED];
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
-            float part[2];
-            part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
-            part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
-            warp_sum_all(part, lane);
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[1]);
+            for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = part[0] + w * kq;
-            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            for (int u = 0; u < ROWS_REDUCED; ++u) {
+                const int r = c + u;
+                if (r < RPW) {  // known at compile time
+                    #pragma unroll
+                    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
+                    part[u] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
+                    part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
+                }
+            }
+            const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
+            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k
+            const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
+            float w = 0.f;
+            if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
+                w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                float o = sum + w * kq;
+                if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            }
+            #pragma unroll
+            for (int v = 0; v < ROWS_REDUCED; ++v) {
+                const int r = c + v;
+                if (r < RPW) {  // known at compile time
+                    const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);  // row c + v's write
+                    #pragma unroll
+                    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w_row * sh_key[j * K + e]; }
+                }
+            }
         }
     }
     #pragma unroll
@@ -561,20 +581,41 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     for (int j = 0; j < t; ++j) {
         const float kq = warp_sum(vec_dot_partial(sh_key + j * K, sh_q + j * K, lane));  // k·q
         #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int rr = warp * RPW + r, row = v0 + rr;
+        for (int c = 0; c < RPW; c += ROWS_REDUCED) {
+            constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum
+            float part[PARTS * ROWS_REDUCED];
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
-            float part[2];
-            part[0] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
-            part[1] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
-            warp_sum_all(part, lane);
-            const float w = sh_beta[j] * (sh_value[j * BV + rr] - part[1]);
+            for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;
             #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w * sh_key[j * K + e]; }
-            float o = part[0] + w * kq;
-            if (lane == 0 && row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
-            if (row < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row) * K, s[r], lane);
+            for (int u = 0; u < ROWS_REDUCED; ++u) {
+                const int r = c + u;
+                if (r < RPW) {  // known at compile time
+                    #pragma unroll
+                    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] *= sh_g[j * K + e]; }
+                    part[u] = row_dot_partial(s[r], sh_q + j * K, lane);  // S'·q
+                    part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_key + j * K, lane);  // S'·k
+                }
+            }
+            const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
+            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k
+            const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
+            float w = 0.f;
+            if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
+                w = sh_beta[j] * (sh_value[j * BV + rr] - pk);
+                float o = sum + w * kq;
+                if (row < V) out[(((size_t)b * t_tok + j) * HV + hv) * V + row] = o;
+            }
+            #pragma unroll
+            for (int v = 0; v < ROWS_REDUCED; ++v) {
+                const int r = c + v;
+                if (r < RPW) {  // known at compile time
+                    const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);  // row c + v's write
+                    #pragma unroll
+                    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); if (e < K) s[r][i] += w_row * sh_key[j * K + e]; }
+                    const int row_r = v0 + warp * RPW + r;
+                    if (row_r < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row_r) * K, s[r], lane);
+                }
+            }
         }
     }
 }
