@@ -1,0 +1,142 @@
+"""Time source variants of the generated step kernels side by side, and split the replay step's time.
+
+A measurement script for the GPU machine (not part of the library): for each preset at one batch
+size it times, with CUDA graphs and medians as ``replayssm bench`` does,
+
+* the conventional step and the replay step (mixed steady state) for each *variant*: the generated
+  source with a textual change applied before compilation (where the replay step's arrival and fill
+  check sit; with ``--cache-hints`` also cache hints on the state rows' loads and stores), so a change
+  is measured before the code generator adopts it;
+* the replay step with every fill reset to 0 before each step (no records, no flush: the state read
+  and the token's own work) and with every fill at L - 1 (each step folds its whole buffer);
+* the copy and read floors.
+
+Usage: ``python scripts/experiment_variants.py --presets qwen3.5-4b,kimi-linear --batch 256``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl.config import PRESETS
+from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.random_inputs import random_params, random_tokens
+from replayssm_dsl.runtime import cuda_module
+from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, time_graphs
+
+ARRIVE = ("    if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);\n")
+RECORD_STORES = "    if (!flush) {\n        if (blockIdx.x == 0) {"
+FILL_CHECK = "    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }\n    const bool flush = n + 1 >= WINDOW;\n"
+LAZY_STAGE = "    if (!EAGER_RECORDS) {\n"
+LOAD = "const float4 v = *reinterpret_cast<const float4*>(row + e);"
+STORE_HEAD = "*reinterpret_cast<float4*>(row + e) =\n                    make_float4("
+VARIANTS = {  # label: [(old, new), ...] replacements of the generated source, each of which must apply
+    "base": [],
+    # the replay step's arrival (a release at gpu scope) after its scores, when its state rows have landed
+    "arrival after scores": [(ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
+    # the fill's check after the token's fields, so their loads need not wait for the fill
+    "fill check after fields": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE)],
+    "fill check after fields, arrival after scores": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE),
+                                                      (ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
+    # no release at all: what the arrival's ordering costs (not a correct kernel, a measurement)
+    "relaxed arrival": [("atom.release.gpu.global.inc.u32", "atom.relaxed.gpu.global.inc.u32")],
+}
+CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
+    "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
+    "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),
+              ("s[c * VEC + 3]);\n            } else", "s[c * VEC + 3]));\n            } else")],
+    "ld.L2::256B": [(LOAD, "float4 v; asm volatile(\"ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];\""
+                           " : \"=f\"(v.x), \"=f\"(v.y), \"=f\"(v.z), \"=f\"(v.w) : \"l\"(row + e));")],
+}
+
+
+def patched_renderer(edits):
+    original = cuda_module.render_program.__wrapped__ if hasattr(cuda_module.render_program, "__wrapped__") \
+        else cuda_module.render_program
+
+    def render(program, launch):
+        source = original(program, launch)
+        for old, new in edits:
+            if old not in source:
+                raise SystemExit(f"variant edit does not apply: {old!r}")
+            source = source.replace(old, new, 1)
+        return source
+    render.__wrapped__ = original
+    return render
+
+
+def time_step(cp, cache, kernel, batch, batch_dev, tokens, out, fill=None) -> float:
+    fills = cache.buffers["fill"]
+
+    def build(i):
+        if fill is not None:
+            fills[...] = fill
+        if kernel == "replay_step":
+            cache.launch_step(batch_dev, tokens[i], out)
+        else:
+            cache._launch(kernel, batch, batch_dev, tokens[i], out=out)
+    stream, graphs = capture_graphs(cp, build, len(tokens))
+    return time_graphs(cp, stream, graphs, 60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="qwen3.5-4b,kimi-linear")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--replay-launch", default="4,16,128")
+    parser.add_argument("--conv-launch", default="4,8,80")
+    parser.add_argument("--cache-hints", action="store_true", help="also the state rows' cache-hint variants")
+    args = parser.parse_args()
+    import cupy as cp
+
+    rows = args.batch
+    replay_launch = LaunchConfig(*map(int, args.replay_launch.split(",")))
+    conv_launch = LaunchConfig(*map(int, args.conv_launch.split(",")))
+    table = []
+    for name in args.presets.split(","):
+        p = PRESETS[name]
+        decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
+        rng = np.random.default_rng(0)
+        params = random_params(decl, shape, rng)
+        tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
+                  for _ in range(4)]
+        out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
+        state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
+        copy_ms, read_ms = _floors(cp, state_bytes, 60)
+        table.append((name, "floors", f"copy {copy_ms:.4f}", f"read {read_ms:.4f}", ""))
+        from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+        for label, edits in (VARIANTS | (CACHE_HINTS if args.cache_hints else {})).items():
+            cuda_module.render_program = patched_renderer(edits)
+            times = {}
+            for kernel, launch in (("conventional_step", conv_launch), ("replay_step", replay_launch)):
+                cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
+                cache.buffers["checkpoint"][...] = 0.01
+                cache.buffers["state"][...] = 0.01
+                cache.buffers["rec_write"][...] = 0.01
+                cache.buffers["rec_key"][...] = 0.05
+                batch_dev = mixed_steady_state(cache, rows)
+                times[kernel] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out)
+                if kernel == "replay_step":
+                    times["replay n=0"] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out, fill=0)
+                    if label == "base":
+                        times["replay n=L-1"] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out,
+                                                          fill=config.window - 1)
+                del cache
+                cp.get_default_memory_pool().free_all_blocks()
+            conv, replay = times["conventional_step"], times["replay_step"]
+            extra = "  ".join(f"{k} {v:.4f}" for k, v in times.items() if k.startswith("replay n"))
+            table.append((name, label, f"conv {conv:.4f} ({conv / copy_ms:.3f} copy)",
+                          f"replay {replay:.4f} ({replay / read_ms:.3f} read)", extra))
+            print(*table[-1], flush=True)
+        cuda_module.render_program = patched_renderer([])
+    print("\n| preset | variant | conventional step ms | replay step ms | replay split |")
+    print("|---|---|---|---|---|")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
