@@ -39,7 +39,7 @@ VARIANTS = {  # label: [(old, new), ...] replacements of the generated source, e
     "arrival after scores": [(ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
     # the fill's check after the token's fields, so their loads need not wait for the fill
     "fill check after fields": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE)],
-    "fill check after fields, arrival after scores": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE),
+    "fill check after fields + arrival after scores": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE),
                                                       (ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
     # no release at all: what the arrival's ordering costs (not a correct kernel, a measurement)
     "relaxed arrival": [("atom.release.gpu.global.inc.u32", "atom.relaxed.gpu.global.inc.u32")],
@@ -86,14 +86,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,kimi-linear")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--replay-launch", default="4,16,128")
+    parser.add_argument("--replay-launch", default="4,16,128", help="warps,rows_per_warp,max_registers[,eager_records 0/1]")
     parser.add_argument("--conv-launch", default="4,8,80")
     parser.add_argument("--cache-hints", action="store_true", help="also the state rows' cache-hint variants")
+    parser.add_argument("--variants", help="labels of the variants to time, separated by ';' (default: all)")
     args = parser.parse_args()
     import cupy as cp
 
     rows = args.batch
-    replay_launch = LaunchConfig(*map(int, args.replay_launch.split(",")))
+    warps, rpw, regs, *eager = map(int, args.replay_launch.split(","))
+    replay_launch = LaunchConfig(warps, rpw, regs, eager_records=bool(eager and eager[0]))
     conv_launch = LaunchConfig(*map(int, args.conv_launch.split(",")))
     table = []
     for name in args.presets.split(","):
@@ -108,7 +110,10 @@ def main() -> None:
         copy_ms, read_ms = _floors(cp, state_bytes, 60)
         table.append((name, "floors", f"copy {copy_ms:.4f}", f"read {read_ms:.4f}", ""))
         from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
-        for label, edits in (VARIANTS | (CACHE_HINTS if args.cache_hints else {})).items():
+        chosen = VARIANTS | (CACHE_HINTS if args.cache_hints else {})
+        if args.variants:
+            chosen = {label: chosen[label] for label in args.variants.split(";")}
+        for label, edits in chosen.items():
             cuda_module.render_program = patched_renderer(edits)
             times = {}
             for kernel, launch in (("conventional_step", conv_launch), ("replay_step", replay_launch)):
@@ -128,7 +133,7 @@ def main() -> None:
                 cp.get_default_memory_pool().free_all_blocks()
             conv, replay = times["conventional_step"], times["replay_step"]
             extra = "  ".join(f"{k} {v:.4f}" for k, v in times.items() if k.startswith("replay n"))
-            table.append((name, label, f"conv {conv:.4f} ({conv / copy_ms:.3f} copy)",
+            table.append((name, f"{label} ({replay_launch.label})", f"conv {conv:.4f} ({conv / copy_ms:.3f} copy)",
                           f"replay {replay:.4f} ({replay / read_ms:.3f} read)", extra))
             print(*table[-1], flush=True)
         cuda_module.render_program = patched_renderer([])

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
-# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] | all
+# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
-# (default: all, which leaves out profile; after bench, profile uses the launch shapes bench tuned)
+# (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -57,6 +57,18 @@ if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time g
         python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/profile-$kernel.log" 2>&1
     rc=$?
     summary+=("ncu $kernel: rc=$rc, see profile-$kernel.log: $(grep -E ' Duration |Memory Throughput' "$OUT/profile-$kernel.log" | head -2 | tr -s ' ' | tr '\n' ';')")
+  done
+fi
+if [[ $what == *" stalls "* ]]; then  # where each kernel's warps wait, per SASS instruction (Nsight Compute's stall sampling)
+  for kernel in ${STALL_KERNELS:-replay_step conventional_step verify}; do
+    ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters -o "$OUT/stalls-$kernel" \
+        python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/stalls-$kernel.log" 2>&1
+    rc=$?
+    ncu --import "$OUT/stalls-$kernel.ncu-rep" --page details --print-details all > "$OUT/stalls-$kernel-details.txt" 2>&1
+    ncu --import "$OUT/stalls-$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/stalls-$kernel-sass.csv" 2>&1
+    python3 scripts/stall_summary.py "$OUT/stalls-$kernel-sass.csv" > "$OUT/stalls-$kernel.txt" 2>&1
+    summary+=("ncu stalls $kernel: rc=$rc, stalls-$kernel.txt: $(sed -n 2p "$OUT/stalls-$kernel.txt")")
   done
 fi
 echo "==================== summary ===================="
