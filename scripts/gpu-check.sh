@@ -49,24 +49,23 @@ if wants bench; then
     python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
   fi
 fi
-if [[ $what == *" profile "* ]]; then  # Nsight Compute: where a kernel's time goes (PROFILE_ARGS: --preset, --batch)
+# Nsight Compute on the 7th launch of one kernel of scripts/profile_step.py (PROFILE_ARGS: --preset, --batch)
+ncu_one() { local kernel=$1; shift; ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 "$@" \
+  python3 scripts/profile_step.py ${PROFILE_ARGS:-}; }
+if [[ $what == *" profile "* ]]; then  # where a kernel's time goes
   for kernel in replay_step conventional_step flush verify; do
-    ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section SchedulerStats --section InstructionStats \
-        python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/profile-$kernel.log" 2>&1
+    ncu_one "$kernel" --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section InstructionStats > "$OUT/profile-$kernel.log" 2>&1
     rc=$?
     summary+=("ncu $kernel: rc=$rc, see profile-$kernel.log: $(grep -E ' Duration |Memory Throughput' "$OUT/profile-$kernel.log" | head -2 | tr -s ' ' | tr '\n' ';')")
   done
 fi
 if [[ $what == *" stalls "* ]]; then  # where each kernel's warps wait, per SASS instruction (Nsight Compute's stall sampling)
+  mkdir -p /tmp/stalls  # the reports stay on the machine (large, and few files come back): CSV and summary go to $OUT
   for kernel in ${STALL_KERNELS:-replay_step conventional_step verify}; do
-    ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 \
-        --section WarpStateStats --section SourceCounters -o "$OUT/stalls-$kernel" \
-        python3 scripts/profile_step.py ${PROFILE_ARGS:-} > "$OUT/stalls-$kernel.log" 2>&1
+    ncu_one "$kernel" --section WarpStateStats --section SourceCounters -f -o "/tmp/stalls/$kernel" > "/tmp/stalls/$kernel.log" 2>&1
     rc=$?
-    ncu --import "$OUT/stalls-$kernel.ncu-rep" --page details --print-details all > "$OUT/stalls-$kernel-details.txt" 2>&1
-    ncu --import "$OUT/stalls-$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/stalls-$kernel-sass.csv" 2>&1
+    ncu --import "/tmp/stalls/$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/stalls-$kernel-sass.csv" 2>&1
     python3 scripts/stall_summary.py "$OUT/stalls-$kernel-sass.csv" > "$OUT/stalls-$kernel.txt" 2>&1
     summary+=("ncu stalls $kernel: rc=$rc, stalls-$kernel.txt: $(sed -n 2p "$OUT/stalls-$kernel.txt")")
   done
