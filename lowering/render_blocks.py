@@ -66,6 +66,24 @@ FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
 NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fill's values (commit: render_cuda)
 
 
+def token_prefetch(decl) -> list[str]:
+    """The lines of the one token's inputs that this CTA reads, asked of L1 before the state rows'
+    loads (a step: no drafts). The fields load the token after the rows in program order; without the
+    prefetch those loads queue behind the CTA's state bytes, and the first barrier waits for them
+    (the stall sampling of both step kernels: docs/performance.md). Input i's lines (up to 32: a hint,
+    past that the loads fetch the rest) go to warp i % WARPS, one 128-byte line per lane; nothing
+    here depends on the fill or the slot, so the prefetches go before the row checks."""
+    lines = []
+    for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
+        heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+        row = f"((size_t)b * t_tok * {heads} + {head})"  # token j = 0, as ExprRenderer indexes it
+        start, lanes = {"K": (f"{row} * K + lane * 32", "lane * 32 < K"),
+                        "V": (f"{row} * V + v0 + lane * 32", "lane * 32 < min(BV, V - v0)"),  # the CTA's rows
+                        "": (row, "lane == 0")}[spec.size]
+        lines.append(f"if (warp == {i} % WARPS && {lanes}) prefetch_l1(tok_{spec.name} + {start});")
+    return lines
+
+
 def fill_lines(f: Facts) -> list[str]:
     """Row checks, then the slot's buffer fill and the flush decision."""
     return row_check_lines(f) + fill_load_lines(f)

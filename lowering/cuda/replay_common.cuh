@@ -155,6 +155,9 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
+// Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
+// the line finds it there instead of queueing behind the loads issued in between.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
 // operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`

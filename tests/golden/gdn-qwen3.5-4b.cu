@@ -197,6 +197,9 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
+// Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
+// the line finds it there instead of queueing behind the loads issued in between.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
 // operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
@@ -326,6 +329,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ float sh_beta[1];
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
+    if (warp == 0 % WARPS && lane * 32 < K) prefetch_l1(tok_q + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 1 % WARPS && lane * 32 < K) prefetch_l1(tok_k + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 2 % WARPS && lane * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)b * t_tok * HV + hv) * V + v0 + lane * 32);
+    if (warp == 3 % WARPS && lane == 0) prefetch_l1(tok_a + ((size_t)b * t_tok * HV + hv));
+    if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     const int n = 0;
     float s[RPW][KE];
@@ -666,6 +674,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
+    if (warp == 0 % WARPS && lane * 32 < K) prefetch_l1(tok_q + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 1 % WARPS && lane * 32 < K) prefetch_l1(tok_k + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 2 % WARPS && lane * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)b * t_tok * HV + hv) * V + v0 + lane * 32);
+    if (warp == 3 % WARPS && lane == 0) prefetch_l1(tok_a + ((size_t)b * t_tok * HV + hv));
+    if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     int page = src;
     float s[RPW][KE];
