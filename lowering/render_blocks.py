@@ -119,43 +119,78 @@ def state_page_lines(f: Facts) -> list[str]:
     return lines
 
 
-def fields(decl, mode: str) -> list[str]:
+def fields(decl, mode: str, one_token: bool = False) -> list[str]:
     """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
-    dependence on the fill, so their loads fly with the state's).
+    dependence on the fill, so their loads fly with the state's). With ``one_token`` (a step) the
+    fields are split across warps instead: the query on warp 0, the key on warp 1, the decay and the
+    write strength on warp 2 (modulo WARPS), so no warp runs two normalisations before the barrier.
 
     ``mode == "replay"``: keys → ``sh_kd``, raw log-decays → ``sh_g`` (scalar) or ``sh_qd`` (vector; the
     cumulate phase replaces both by the decayed key and query). ``mode == "recur"``: keys → ``sh_key``,
     decay factors ``e^g`` → ``sh_g``."""
     replay = mode == "replay"
-    r = ExprRenderer(decl, "f")
     ex = decl.expressions()
-    key = r.render(ex["key"], "K")
-    query = r.render(ex["query"], "K")
-    body = list(r.lines)
-    stores = f"if (e < K) {{ {'sh_kd' if replay else 'sh_key'}[j * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"
+    key_store = "sh_kd" if replay else "sh_key"
+    vectors = [("f", "key", key_store), ("f", "query", "sh_q")]  # (renderer prefix, field, shared array)
     scalar_lines = []
+    decay_vector = None
     if decl.decay_form == "vector":
-        rv = ExprRenderer(decl, "g")
-        g = rv.render(ex["decay"], "K")
-        body += rv.lines
-        stores += f" sh_qd[j * K + e] = {g}[i];" if replay else f" sh_g[j * K + e] = expf({g}[i]);"
+        decay_vector = ("g", "decay", "sh_qd" if replay else "sh_g")
     elif decl.decay_form == "scalar":
-        rs = ExprRenderer(decl, "g")
-        g = rs.render(ex["decay"], "")
-        body += rs.lines
-        scalar_lines.append(f"sh_g[j] = {g};" if replay else f"sh_g[j] = expf({g});")
-    strength = ex.get("beta", ex.get("strength"))
+        scalar_lines.append(("g", "decay", "sh_g[j] = {};" if replay else "sh_g[j] = expf({});"))
+    strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
     if strength is not None:
-        rb = ExprRenderer(decl, "s")
-        s_name = rb.render(strength, "")
-        body += rb.lines
-        scalar_lines.append(f"sh_beta[j] = {s_name};")
-    else:
-        scalar_lines.append("sh_beta[j] = 1.f;")
-    stores += " }"
-    return (["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in body]
-            + ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
-               "        " + stores, "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"])
+        scalar_lines.append(("s", strength, "sh_beta[j] = {};"))
+    if not one_token:
+        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay,
+                                 strength is not None)
+    groups = [([vectors[1]], []), ([vectors[0]], []), ([decay_vector] if decay_vector else [], scalar_lines)]
+    if strength is None:
+        groups[2][1].append(None)  # sh_beta[j] = 1
+    body = []
+    for w, (vector_fields, scalar_fields) in enumerate(groups):
+        lines = _field_lines(decl, vector_fields, scalar_fields, replay)
+        if lines:
+            body += [f"if (warp == {w} % WARPS) {{  // the one token's {_field_names(vector_fields, scalar_fields)}",
+                     "    const int j = 0;"] + ["    " + x for x in lines] + ["}"]
+    return body
+
+
+def _field_names(vector_fields, scalar_fields) -> str:
+    names = [f[1] for f in vector_fields] + [f[1] if f else "strength (1)" for f in scalar_fields]
+    return ", ".join(names)
+
+
+def _field_lines(decl, vector_fields, scalar_fields, replay: bool) -> list[str]:
+    """C lines that compute ``vector_fields`` (``(prefix, field, array)``, stored per element of K) and
+    ``scalar_fields`` (``(prefix, field, C template)``; None: a strength of 1) of token j."""
+    ex = decl.expressions()
+    body, stores, scalars, renderers = [], [], [], {}
+    for prefix, field, array in vector_fields:
+        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix))
+        name = r.render(ex[field], "K")
+        value = f"expf({name}[i])" if field == "decay" and not replay else f"{name}[i]"
+        stores.append(f"{array}[j * K + e] = {value};")
+    for field in scalar_fields:
+        if field is None:
+            scalars.append("sh_beta[j] = 1.f;")
+            continue
+        prefix, name, template = field
+        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix))
+        scalars.append(template.format(r.render(ex[name], "")))
+    for r in renderers.values():
+        body += r.lines
+    if stores:
+        body += ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
+                 "    if (e < K) { " + " ".join(stores) + " }", "}"]
+    if scalars:
+        body.append("if (lane == 0) { " + " ".join(scalars) + " }")
+    return body
+
+
+def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool, has_strength: bool) -> list[str]:
+    lines = _field_lines(decl, vector_fields, scalar_fields + ([] if has_strength else [None]), replay)
+    return ["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in lines] + ["}"]
 
 
 ROW_FIELDS = ("value", "skip", "gate")

@@ -35,7 +35,7 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
     body = ids(f) + shared_decls(decl, f.drafts, replay=False) + ([] if f.drafts else token_prefetch(decl)) + fill_lines(f)
     body += row_loads(STATE_ROW.format(page="src"))
-    body += fields(decl, "recur") + stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
+    body += fields(decl, "recur", one_token=not f.drafts) + stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
     body.append("__syncthreads();")
     decay = {"none": [], "scalar": ["const float a = sh_g[j];",
                                     "#pragma unroll", "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],

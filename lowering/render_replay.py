@@ -140,7 +140,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += ([] if f.drafts else token_prefetch(decl)) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
     state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
-    token_fields = fields(decl, "replay") + stage_row_fields(decl)
+    token_fields = fields(decl, "replay", one_token=not f.drafts) + stage_row_fields(decl)
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:

@@ -104,6 +104,18 @@ def test_step_kernels_prefetch_every_token_input_before_the_state_rows(variant):
         assert "prefetch_l1(" not in kernel_body(text, kernel)
 
 
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_step_kernels_split_the_tokens_fields_across_warps(variant):
+    text = source(variant, "odd-grouped")
+    for kernel in ("conventional_step", "replay_step"):
+        body = kernel_body(text, kernel)
+        assert "for (int j = warp; j < t; j += WARPS)" not in body, kernel
+        for warp, field in ((0, "query"), (1, "key"), (2, "")):  # warp 2: decay and strength, as declared
+            assert f"if (warp == {warp} % WARPS) {{  // the one token's {field}" in body, (kernel, field)
+    for kernel in ("snapshot_verify", "verify"):  # drafts: one warp per draft
+        assert "for (int j = warp; j < t; j += WARPS)" in kernel_body(text, kernel)
+
+
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
 def test_golden_sources(variant, shape):
     path = GOLDEN / f"{variant}-{shape}.cu"

@@ -346,7 +346,33 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        float f1[KE];
+        {
+            float ss = 0.f;
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f0[i] * f0[i] : 0.f;
+            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
+        }
+        const float f2 = ((float)K);
+        const float f3 = powf(f2, -0.5f);
+        float f4[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f4[i] = (e < K) ? (f1[i] * f3) : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f4[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
@@ -359,23 +385,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             #pragma unroll
             for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
         }
-        float f2[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f3[KE];
-        {
-            float ss = 0.f;
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f2[i] * f2[i] : 0.f;
-            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) f3[i] = f2[i] * inv;
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_key[j * K + e] = f1[i]; }
         }
-        const float f4 = ((float)K);
-        const float f5 = powf(f4, -0.5f);
-        float f6[KE];
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, beta
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -386,11 +403,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         const float g7 = (g2 * g6);
         const float s0 = tok_b[((size_t)(b * t_tok + j) * HV + hv)];
         const float s1 = sigmoid_f(s0);
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) {
-            const int e = k_index(i, lane);
-            if (e < K) { sh_key[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; }
-        }
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s1; }
     }
     for (int x = tid; x < t * BV; x += THREADS) {
@@ -699,7 +711,33 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + 1 >= WINDOW;
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        float f1[KE];
+        {
+            float ss = 0.f;
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f0[i] * f0[i] : 0.f;
+            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
+        }
+        const float f2 = ((float)K);
+        const float f3 = powf(f2, -0.5f);
+        float f4[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f4[i] = (e < K) ? (f1[i] * f3) : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f4[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
@@ -712,23 +750,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             #pragma unroll
             for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
         }
-        float f2[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f3[KE];
-        {
-            float ss = 0.f;
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f2[i] * f2[i] : 0.f;
-            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) f3[i] = f2[i] * inv;
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_kd[j * K + e] = f1[i]; }
         }
-        const float f4 = ((float)K);
-        const float f5 = powf(f4, -0.5f);
-        float f6[KE];
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, beta
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -739,11 +768,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         const float g7 = (g2 * g6);
         const float s0 = tok_b[((size_t)(b * t_tok + j) * HV + hv)];
         const float s1 = sigmoid_f(s0);
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) {
-            const int e = k_index(i, lane);
-            if (e < K) { sh_kd[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; }
-        }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s1; }
     }
     for (int x = tid; x < t * BV; x += THREADS) {

@@ -352,13 +352,30 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f0[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_B[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f1[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_key[j * K + e] = f0[i]; }
+        }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, strength
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -371,11 +388,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         const float s1 = par_dt_bias[(size_t)hv];
         const float s2 = (s0 + s1);
         const float s3 = softplus_f(s2);
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) {
-            const int e = k_index(i, lane);
-            if (e < K) { sh_key[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
-        }
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s3; }
     }
     for (int x = tid; x < t * BV; x += THREADS) {
@@ -679,13 +691,30 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + 1 >= WINDOW;
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f0[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_B[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f1[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_kd[j * K + e] = f0[i]; }
+        }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, strength
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -698,11 +727,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         const float s1 = par_dt_bias[(size_t)hv];
         const float s2 = (s0 + s1);
         const float s3 = softplus_f(s2);
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) {
-            const int e = k_index(i, lane);
-            if (e < K) { sh_kd[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
-        }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
     for (int x = tid; x < t * BV; x += THREADS) {
