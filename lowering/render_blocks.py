@@ -203,13 +203,15 @@ def row_field_decls(decl, tn: str) -> list[str]:
 
 def stage_row_fields(decl) -> list[str]:
     """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
-    coalesced loads by every thread, so the row loop never waits on a token load."""
+    coalesced loads by every thread, so the row loop never waits on a token load. Thread THREADS - 1
+    takes element 0 (still coalesced, descending), so the last warps stage these while the first
+    ones compute the head-level fields."""
     ex = decl.expressions()
     r = ExprRenderer(decl, "r")
     names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
     stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
     zeros = [f"sh_{role}[x] = 0.f;" for role in names]
-    return (["for (int x = tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
+    return (["for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
              "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
             + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
 

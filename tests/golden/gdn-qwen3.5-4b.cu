@@ -405,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         const float s1 = sigmoid_f(s0);
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -569,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         }
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -770,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         const float s1 = sigmoid_f(s0);
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -1152,7 +1152,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];

@@ -420,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -593,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -808,7 +808,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -1207,7 +1207,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];

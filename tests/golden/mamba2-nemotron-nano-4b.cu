@@ -390,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         const float s3 = softplus_f(s2);
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s3; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -541,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         }
         if (lane == 0) { sh_g[j] = expf(g7); sh_beta[j] = s3; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -729,7 +729,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         const float s3 = softplus_f(s2);
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -1098,7 +1098,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_x[((size_t)(b * t_tok + j) * HV + hv) * V + row];
