@@ -269,14 +269,19 @@ __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     split_tf32(x1, b.y, b.w);
     return b;
 }
-// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
-__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
-                                                  float b1) {
-    unsigned ab[4], as[4];
+// An A fragment (four fp32 values of this lane, in fragment order) split for mma_3xtf32.
+__device__ __forceinline__ void split_a_fragment(float a0, float a1, float a2, float a3, unsigned (&ab)[4],
+                                                 unsigned (&as)[4]) {
     split_tf32(a0, ab[0], as[0]);
     split_tf32(a1, ab[1], as[1]);
     split_tf32(a2, ab[2], as[2]);
     split_tf32(a3, ab[3], as[3]);
+}
+// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
+__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
+                                                  float b1) {
+    unsigned ab[4], as[4];
+    split_a_fragment(a0, a1, a2, a3, ab, as);
     mma_3xtf32(c, ab, as, split_b_fragment(b0, b1));
 }
 
@@ -1297,8 +1302,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             unsigned ab[4], as[4];
-            split_tf32(sm[mt][0][i], ab[0], as[0]); split_tf32(sm[mt][1][i], ab[1], as[1]);
-            split_tf32(sm[mt][0][i + 1], ab[2], as[2]); split_tf32(sm[mt][1][i + 1], ab[3], as[3]);
+            split_a_fragment(sm[mt][0][i], sm[mt][1][i], sm[mt][0][i + 1], sm[mt][1][i + 1], ab, as);
             mma_3xtf32(cq[mt], ab, as, bq);
             mma_3xtf32(ck[mt], ab, as, bk);
         }
@@ -1314,10 +1318,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             const int r0 = 16 * mt + g, r1 = r0 + 8;
             const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]
             unsigned ab[4], as[4];
-            split_tf32(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f, ab[0], as[0]);
-            split_tf32(i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f, ab[1], as[1]);
-            split_tf32(i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f, ab[2], as[2]);
-            split_tf32(i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab[3], as[3]);
+            split_a_fragment(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f,
+                             i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f,
+                             i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f,
+                             i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab, as);
             mma_3xtf32(cq[mt], ab, as, bq);
             mma_3xtf32(ck[mt], ab, as, bk);
         }
