@@ -313,6 +313,26 @@ def fold_rows(decl, last: str, count: str) -> list[str]:
         "}"]
 
 
+def rows_reduced_group(decl, group: str, first: str, end: str, parts: list[str], finish: list[str],
+                       head: list[str] = ()) -> list[str]:
+    """One group of ``group`` rows of token j (a C constant; rows ``first`` + u while below ``end``):
+    ``parts`` fill row r's values (``part[u]``, and for delta rules ``part[group + u]``), then one
+    transpose reduction of the group's values (``warp_sum_spread``: about one shuffle per value, no
+    broadcasts), and the lane holding a row's first sum runs ``finish`` for that row (``sum``, ``u``,
+    ``rr``, ``row``, ``w`` = 0 and, for delta rules, ``pk``, the row's second sum, in scope), so a
+    group's rows finish in parallel across lanes. ``head``: lines before the parts."""
+    return ([f"constexpr int SUM_LANES = 32 / (PARTS * {group});  // lanes holding each value's sum"] + list(head)
+            + [f"float part[PARTS * {group}];", "#pragma unroll", f"for (int u = 0; u < PARTS * {group}; ++u) part[u] = 0.f;",
+               "#pragma unroll", f"for (int u = 0; u < {group}; ++u) {{", f"    const int r = {first} + u;",
+               f"    if (r < {end}) {{  // known at compile time"] + ["        " + line for line in parts]
+            + ["    }", "}", "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
+            + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
+               if decl.is_delta else [])
+            + [f"const int u = lane / SUM_LANES, rr = warp * RPW + {first} + u, row = v0 + rr;", "float w = 0.f;",
+               f"if (lane % SUM_LANES == 0 && u < {group} && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
+            + ["    " + line for line in finish] + ["}"])
+
+
 def store_rows(target: str) -> list[str]:
     return ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
             f"    if (row < V) store_row({target}, s[r], lane);", "}"]

@@ -25,8 +25,8 @@ from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, rows_reduced
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
-                            load_records, row_field, row_loads, row_records, shared_decls, stage_row_fields,
-                            store_rows, token_prefetch)
+                            load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
+                            stage_row_fields, store_rows, token_prefetch)
 from .render_replay import render_replay
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
@@ -62,18 +62,7 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     if snapshots:
         update += ["const int row_r = v0 + warp * RPW + r;",
                    "if (row_r < V) store_row(snapshots + ((((size_t)b * t_tok + j) * HV + hv) * V + row_r) * K, s[r], lane);"]
-    group = (["constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);  // lanes holding each value's sum",
-              "float part[PARTS * ROWS_REDUCED];", "#pragma unroll",
-              "for (int u = 0; u < PARTS * ROWS_REDUCED; ++u) part[u] = 0.f;",
-              "#pragma unroll", "for (int u = 0; u < ROWS_REDUCED; ++u) {", "    const int r = c + u;",
-              "    if (r < RPW) {  // known at compile time"]
-             + ["        " + x for x in decay + dots] + ["    }", "}",
-                "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
-             + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k"]
-                if decl.is_delta else [])
-             + ["const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;", "float w = 0.f;",
-                "if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u"]
-             + ["    " + x for x in finish] + ["}"]
+    group = (rows_reduced_group(decl, "ROWS_REDUCED", "c", "RPW", decay + dots, finish)
              + ["#pragma unroll", "for (int v = 0; v < ROWS_REDUCED; ++v) {", "    const int r = c + v;",
                 "    if (r < RPW) {  // known at compile time"] + ["        " + x for x in update] + ["    }", "}"])
     body += (["for (int j = 0; j < t; ++j) {"] + ["    " + x for x in per_token]

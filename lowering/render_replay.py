@@ -16,8 +16,8 @@ from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, output_store,
-                            record_write_store, row_check_lines, row_field, row_loads, row_records, shared_decls,
-                            stage_row_fields, state_page_lines, store_rows, token_prefetch)
+                            record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
+                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 
 
 def _cumulate(decl) -> list[str]:
@@ -68,13 +68,11 @@ def _scores(decl) -> list[str]:
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
                            keep_record: str | None) -> list[str]:
     """One group of ``group`` rows (a C constant: ``ROWS_REDUCED`` or ``VERIFY_ROWS_REDUCED``; rows
-    ``first`` + u while below ``end``) for token j: each row's output part (checkpoint and the records
-    before the token) and, for delta rules, its key projection, in one pass over the row's registers;
-    the group's parts in one transpose reduction (``warp_sum_spread``: about one shuffle per value,
-    instead of a reduction and broadcasts per row); the lane holding a row's output sum finishes that
-    row, so a group's rows run in parallel across lanes. Delta rules put output parts in the lower
-    half of the values and key projections in the upper, so lane l < 16 gets its row's projection
-    from lane l + 16. The token's write then goes to ``record_lane`` of each row's ``wv``, where later
+    ``first`` + u while below ``end``) for token j, reduced together (``rows_reduced_group``): each
+    row's output part (checkpoint and the records before the token) and, for delta rules, its key
+    projection, in one pass over the row's registers. Delta rules put output parts in the lower half
+    of the values and key projections in the upper, so lane l < 16 gets its row's projection from
+    lane l + 16. The token's write then goes to ``record_lane`` of each row's ``wv``, where later
     tokens and the fold read it: always when ``keep_record`` is None, when that C condition holds, or
     never when it is empty."""
     value = row_field(decl, "value")
@@ -93,17 +91,7 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
             f"    if ({first} + v < {end}) {{  // known at compile time: no shuffle for padding rows",
             "        const float w_row = __shfl_sync(0xffffffffu, w, v * SUM_LANES);",
             f"        if (lane == {record_lane}) wv[{first} + v] = w_row;", "    }", "}"]
-    return ([f"constexpr int SUM_LANES = 32 / (PARTS * {group});  // lanes holding each value's sum"] + scores + [
-             f"float part[PARTS * {group}];", "#pragma unroll", f"for (int u = 0; u < PARTS * {group}; ++u) part[u] = 0.f;",
-             "#pragma unroll", f"for (int u = 0; u < {group}; ++u) {{", f"    const int r = {first} + u;",
-             f"    if (r < {end}) {{"] + ["        " + line for line in fill_parts] + ["    }", "}",
-             "const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES"]
-            + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
-               if decl.is_delta else [])
-            + [f"const int u = lane / SUM_LANES, rr = warp * RPW + {first} + u, row = v0 + rr;",
-               "float w = 0.f;",
-               f"if (lane % SUM_LANES == 0 && u < {group} && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
-            + ["    " + line for line in finish] + ["}"]
+    return (rows_reduced_group(decl, group, first, end, fill_parts, finish, head=scores)
             + (keep if keep_record is None else guarded(keep_record, keep) if keep_record else []))
 
 

@@ -440,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
                 }
             }
             const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
-            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k
+            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection
             const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
             float w = 0.f;
             if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
@@ -604,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
                 }
             }
             const float sum = warp_sum_spread(part, lane);  // lane l: value l / SUM_LANES
-            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's S'·k
+            const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection
             const int u = lane / SUM_LANES, rr = warp * RPW + c + u, row = v0 + rr;
             float w = 0.f;
             if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW) {  // the lane that finishes row c + u
@@ -855,7 +855,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int u = 0; u < ROWS_REDUCED; ++u) {
             const int r = c + u;
-            if (r < RPW) {
+            if (r < RPW) {  // known at compile time
                 part[u] = row_dot_partial(s[r], sh_qd + j * K, lane, wv[r] * sq_lane);
                 part[ROWS_REDUCED + u] = row_dot_partial(s[r], sh_kd + j * K, lane, wv[r] * sk_lane);
             }

@@ -818,7 +818,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int u = 0; u < ROWS_REDUCED; ++u) {
             const int r = c + u;
-            if (r < RPW) {
+            if (r < RPW) {  // known at compile time
                 part[u] = row_dot_partial(s[r], sh_qd + j * K, lane, wv[r] * sq_lane);
             }
         }
