@@ -66,6 +66,24 @@ FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
 NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fill's values (commit: render_cuda)
 
 
+def token_prefetch(decl) -> list[str]:
+    """The lines of the one token's inputs that this CTA reads, asked of L1 before the state rows'
+    loads (a step: no drafts). The fields load the token after the rows in program order; without the
+    prefetch those loads queue behind the CTA's state bytes, and the first barrier waits for them
+    (the stall sampling of both step kernels: docs/performance.md). Input i's lines (up to 32: a hint,
+    past that the loads fetch the rest) go to warp i % WARPS, one 128-byte line per lane; nothing
+    here depends on the fill or the slot, so the prefetches go before the row checks."""
+    lines = []
+    for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
+        heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+        row = f"((size_t)b * t_tok * {heads} + {head})"  # token j = 0, as ExprRenderer indexes it
+        start, lanes = {"K": (f"{row} * K + lane * 32", "lane * 32 < K"),
+                        "V": (f"{row} * V + v0 + lane * 32", "lane * 32 < min(BV, V - v0)"),  # the CTA's rows
+                        "": (row, "lane == 0")}[spec.size]
+        lines.append(f"if (warp == {i} % WARPS && {lanes}) prefetch_l1(tok_{spec.name} + {start});")
+    return lines
+
+
 def fill_lines(f: Facts) -> list[str]:
     """Row checks, then the slot's buffer fill and the flush decision."""
     return row_check_lines(f) + fill_load_lines(f)
@@ -101,43 +119,78 @@ def state_page_lines(f: Facts) -> list[str]:
     return lines
 
 
-def fields(decl, mode: str) -> list[str]:
+def fields(decl, mode: str, one_token: bool = False) -> list[str]:
     """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
-    dependence on the fill, so their loads fly with the state's).
+    dependence on the fill, so their loads fly with the state's). With ``one_token`` (a step) the
+    fields are split across warps instead: the query on warp 0, the key on warp 1, the decay and the
+    write strength on warp 2 (modulo WARPS), so no warp runs two normalisations before the barrier.
 
     ``mode == "replay"``: keys → ``sh_kd``, raw log-decays → ``sh_g`` (scalar) or ``sh_qd`` (vector; the
     cumulate phase replaces both by the decayed key and query). ``mode == "recur"``: keys → ``sh_key``,
     decay factors ``e^g`` → ``sh_g``."""
     replay = mode == "replay"
-    r = ExprRenderer(decl, "f")
     ex = decl.expressions()
-    key = r.render(ex["key"], "K")
-    query = r.render(ex["query"], "K")
-    body = list(r.lines)
-    stores = f"if (e < K) {{ {'sh_kd' if replay else 'sh_key'}[j * K + e] = {key}[i]; sh_q[j * K + e] = {query}[i];"
+    key_store = "sh_kd" if replay else "sh_key"
+    vectors = [("f", "key", key_store), ("f", "query", "sh_q")]  # (renderer prefix, field, shared array)
     scalar_lines = []
+    decay_vector = None
     if decl.decay_form == "vector":
-        rv = ExprRenderer(decl, "g")
-        g = rv.render(ex["decay"], "K")
-        body += rv.lines
-        stores += f" sh_qd[j * K + e] = {g}[i];" if replay else f" sh_g[j * K + e] = expf({g}[i]);"
+        decay_vector = ("g", "decay", "sh_qd" if replay else "sh_g")
     elif decl.decay_form == "scalar":
-        rs = ExprRenderer(decl, "g")
-        g = rs.render(ex["decay"], "")
-        body += rs.lines
-        scalar_lines.append(f"sh_g[j] = {g};" if replay else f"sh_g[j] = expf({g});")
-    strength = ex.get("beta", ex.get("strength"))
+        scalar_lines.append(("g", "decay", "sh_g[j] = {};" if replay else "sh_g[j] = expf({});"))
+    strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
     if strength is not None:
-        rb = ExprRenderer(decl, "s")
-        s_name = rb.render(strength, "")
-        body += rb.lines
-        scalar_lines.append(f"sh_beta[j] = {s_name};")
-    else:
-        scalar_lines.append("sh_beta[j] = 1.f;")
-    stores += " }"
-    return (["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in body]
-            + ["    #pragma unroll", "    for (int i = 0; i < KE; ++i) {", "        const int e = k_index(i, lane);",
-               "        " + stores, "    }", "    if (lane == 0) { " + " ".join(scalar_lines) + " }", "}"])
+        scalar_lines.append(("s", strength, "sh_beta[j] = {};"))
+    if not one_token:
+        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay,
+                                 strength is not None)
+    groups = [([vectors[1]], []), ([vectors[0]], []), ([decay_vector] if decay_vector else [], scalar_lines)]
+    if strength is None:
+        groups[2][1].append(None)  # sh_beta[j] = 1
+    body = []
+    for w, (vector_fields, scalar_fields) in enumerate(groups):
+        lines = _field_lines(decl, vector_fields, scalar_fields, replay)
+        if lines:
+            body += [f"if (warp == {w} % WARPS) {{  // the one token's {_field_names(vector_fields, scalar_fields)}",
+                     "    const int j = 0;"] + ["    " + x for x in lines] + ["}"]
+    return body
+
+
+def _field_names(vector_fields, scalar_fields) -> str:
+    names = [f[1] for f in vector_fields] + [f[1] if f else "strength (1)" for f in scalar_fields]
+    return ", ".join(names)
+
+
+def _field_lines(decl, vector_fields, scalar_fields, replay: bool) -> list[str]:
+    """C lines that compute ``vector_fields`` (``(prefix, field, array)``, stored per element of K) and
+    ``scalar_fields`` (``(prefix, field, C template)``; None: a strength of 1) of token j."""
+    ex = decl.expressions()
+    body, stores, scalars, renderers = [], [], [], {}
+    for prefix, field, array in vector_fields:
+        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix))
+        name = r.render(ex[field], "K")
+        value = f"expf({name}[i])" if field == "decay" and not replay else f"{name}[i]"
+        stores.append(f"{array}[j * K + e] = {value};")
+    for field in scalar_fields:
+        if field is None:
+            scalars.append("sh_beta[j] = 1.f;")
+            continue
+        prefix, name, template = field
+        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix))
+        scalars.append(template.format(r.render(ex[name], "")))
+    for r in renderers.values():
+        body += r.lines
+    if stores:
+        body += ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
+                 "    if (e < K) { " + " ".join(stores) + " }", "}"]
+    if scalars:
+        body.append("if (lane == 0) { " + " ".join(scalars) + " }")
+    return body
+
+
+def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool, has_strength: bool) -> list[str]:
+    lines = _field_lines(decl, vector_fields, scalar_fields + ([] if has_strength else [None]), replay)
+    return ["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in lines] + ["}"]
 
 
 ROW_FIELDS = ("value", "skip", "gate")
@@ -150,13 +203,15 @@ def row_field_decls(decl, tn: str) -> list[str]:
 
 def stage_row_fields(decl) -> list[str]:
     """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
-    coalesced loads by every thread, so the row loop never waits on a token load."""
+    coalesced loads by every thread, so the row loop never waits on a token load. Thread THREADS - 1
+    takes element 0 (still coalesced, descending), so the last warps stage these while the first
+    ones compute the head-level fields."""
     ex = decl.expressions()
     r = ExprRenderer(decl, "r")
     names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
     stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
     zeros = [f"sh_{role}[x] = 0.f;" for role in names]
-    return (["for (int x = tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
+    return (["for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
              "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
             + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
 

@@ -26,16 +26,16 @@ from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, rows_reduced
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
-                            stage_row_fields, store_rows)
+                            stage_row_fields, store_rows, token_prefetch)
 from .render_replay import render_replay
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
 STATE_C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short"}  # 16-bit: raw bits
 def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     decl = program.declaration
-    body = ids(f) + shared_decls(decl, f.drafts, replay=False) + fill_lines(f)
+    body = ids(f) + shared_decls(decl, f.drafts, replay=False) + ([] if f.drafts else token_prefetch(decl)) + fill_lines(f)
     body += row_loads(STATE_ROW.format(page="src"))
-    body += fields(decl, "recur") + stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
+    body += fields(decl, "recur", one_token=not f.drafts) + stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
     body.append("__syncthreads();")
     decay = {"none": [], "scalar": ["const float a = sh_g[j];",
                                     "#pragma unroll", "for (int i = 0; i < KE; ++i) s[r][i] *= a;"],

@@ -17,7 +17,7 @@ from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores
 from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
                             fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
-                            shared_decls, stage_row_fields, state_page_lines, store_rows)
+                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 
 
 def _cumulate(decl) -> list[str]:
@@ -124,10 +124,11 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts) + row_check_lines(f)
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
+    body += ([] if f.drafts else token_prefetch(decl)) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
     state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
-    token_fields = fields(decl, "replay") + stage_row_fields(decl)
+    token_fields = fields(decl, "replay", one_token=not f.drafts) + stage_row_fields(decl)
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:

@@ -127,8 +127,7 @@ def _products(decl) -> list[str]:
     state += ["    const int i = 4 * (kc >> 1) + 2 * (kc & 1);",
               "    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {",
               "        unsigned ab[4], as[4];",
-              "        split_tf32(sm[mt][0][i], ab[0], as[0]); split_tf32(sm[mt][1][i], ab[1], as[1]);",
-              "        split_tf32(sm[mt][0][i + 1], ab[2], as[2]); split_tf32(sm[mt][1][i + 1], ab[3], as[3]);",
+              "        split_a_fragment(sm[mt][0][i], sm[mt][1][i], sm[mt][0][i + 1], sm[mt][1][i + 1], ab, as);",
               "        mma_3xtf32(cq[mt], ab, as, bq);"]
     if delta:
         state.append("        mma_3xtf32(ck[mt], ab, as, bk);")
@@ -145,10 +144,10 @@ def _products(decl) -> list[str]:
                   "        const int r0 = 16 * mt + g, r1 = r0 + 8;",
                   "        const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]",
                   "        unsigned ab[4], as[4];",
-                  "        split_tf32(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f, ab[0], as[0]);",
-                  "        split_tf32(i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f, ab[1], as[1]);",
-                  "        split_tf32(i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f, ab[2], as[2]);",
-                  "        split_tf32(i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab[3], as[3]);",
+                  "        split_a_fragment(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f,",
+                  "                         i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f,",
+                  "                         i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f,",
+                  "                         i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab, as);",
                   "        mma_3xtf32(cq[mt], ab, as, bq);"]
                + (["        mma_3xtf32(ck[mt], ab, as, bk);"] if delta else [])
                + ["    }", "}"])

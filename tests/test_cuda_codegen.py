@@ -86,6 +86,36 @@ def test_source_is_deterministic_and_names_its_declaration():
         assert "void __launch_bounds__" in a and f" {kernel}(" in a
 
 
+def kernel_body(text: str, kernel: str) -> str:
+    start = text.index(f" {kernel}(")
+    return text[start:text.index('extern "C"', start) if 'extern "C"' in text[start:] else len(text)]
+
+
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_step_kernels_prefetch_every_token_input_before_the_state_rows(variant):
+    text = source(variant, "odd-grouped")
+    tokens = [spec.name for spec in variants.get(variant).inputs if spec.kind == "token"]
+    for kernel in ("conventional_step", "replay_step"):
+        body = kernel_body(text, kernel)
+        first_row_load = body.index("load_row(")
+        for name in tokens:
+            assert body.index(f"prefetch_l1(tok_{name} + ") < first_row_load, (kernel, name)
+    for kernel in ("snapshot_verify", "verify"):  # drafts: their tokens are loaded per draft
+        assert "prefetch_l1(" not in kernel_body(text, kernel)
+
+
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_step_kernels_split_the_tokens_fields_across_warps(variant):
+    text = source(variant, "odd-grouped")
+    for kernel in ("conventional_step", "replay_step"):
+        body = kernel_body(text, kernel)
+        assert "for (int j = warp; j < t; j += WARPS)" not in body, kernel
+        for warp, field in ((0, "query"), (1, "key"), (2, "")):  # warp 2: decay and strength, as declared
+            assert f"if (warp == {warp} % WARPS) {{  // the one token's {field}" in body, (kernel, field)
+    for kernel in ("snapshot_verify", "verify"):  # drafts: one warp per draft
+        assert "for (int j = warp; j < t; j += WARPS)" in kernel_body(text, kernel)
+
+
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
 def test_golden_sources(variant, shape):
     path = GOLDEN / f"{variant}-{shape}.cu"

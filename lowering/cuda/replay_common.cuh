@@ -155,6 +155,9 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
+// Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
+// the line finds it there instead of queueing behind the loads issued in between.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
 // operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
@@ -224,13 +227,18 @@ __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     split_tf32(x1, b.y, b.w);
     return b;
 }
-// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
-__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
-                                                  float b1) {
-    unsigned ab[4], as[4];
+// An A fragment (four fp32 values of this lane, in fragment order) split for mma_3xtf32.
+__device__ __forceinline__ void split_a_fragment(float a0, float a1, float a2, float a3, unsigned (&ab)[4],
+                                                 unsigned (&as)[4]) {
     split_tf32(a0, ab[0], as[0]);
     split_tf32(a1, ab[1], as[1]);
     split_tf32(a2, ab[2], as[2]);
     split_tf32(a3, ab[3], as[3]);
+}
+// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
+__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
+                                                  float b1) {
+    unsigned ab[4], as[4];
+    split_a_fragment(a0, a1, a2, a3, ab, as);
     mma_3xtf32(c, ab, as, split_b_fragment(b0, b1));
 }

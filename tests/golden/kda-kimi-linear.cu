@@ -197,6 +197,9 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
+// Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
+// the line finds it there instead of queueing behind the loads issued in between.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
 // operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
@@ -266,14 +269,19 @@ __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     split_tf32(x1, b.y, b.w);
     return b;
 }
-// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
-__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
-                                                  float b1) {
-    unsigned ab[4], as[4];
+// An A fragment (four fp32 values of this lane, in fragment order) split for mma_3xtf32.
+__device__ __forceinline__ void split_a_fragment(float a0, float a1, float a2, float a3, unsigned (&ab)[4],
+                                                 unsigned (&as)[4]) {
     split_tf32(a0, ab[0], as[0]);
     split_tf32(a1, ab[1], as[1]);
     split_tf32(a2, ab[2], as[2]);
     split_tf32(a3, ab[3], as[3]);
+}
+// c += A·B for one 16×8×8 tile from fp32 fragments (A: a0..a3, B: b0, b1), each split here.
+__device__ __forceinline__ void mma_3xtf32_floats(float (&c)[4], float a0, float a1, float a2, float a3, float b0,
+                                                  float b1) {
+    unsigned ab[4], as[4];
+    split_a_fragment(a0, a1, a2, a3, ab, as);
     mma_3xtf32(c, ab, as, split_b_fragment(b0, b1));
 }
 
@@ -326,6 +334,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     __shared__ float sh_beta[1];
     __shared__ __align__(16) float sh_g[1 * K];
     __shared__ float sh_value[1 * BV];
+    if (warp == 0 % WARPS && lane * 32 < K) prefetch_l1(tok_q + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 1 % WARPS && lane * 32 < K) prefetch_l1(tok_k + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 2 % WARPS && lane * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)b * t_tok * HV + hv) * V + v0 + lane * 32);
+    if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
+    if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     const int n = 0;
     float s[RPW][KE];
@@ -338,7 +351,33 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
         }
     }
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        float f1[KE];
+        {
+            float ss = 0.f;
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f0[i] * f0[i] : 0.f;
+            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
+        }
+        const float f2 = ((float)K);
+        const float f3 = powf(f2, -0.5f);
+        float f4[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f4[i] = (e < K) ? (f1[i] * f3) : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f4[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
@@ -351,23 +390,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
             #pragma unroll
             for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
         }
-        float f2[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f3[KE];
-        {
-            float ss = 0.f;
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f2[i] * f2[i] : 0.f;
-            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) f3[i] = f2[i] * inv;
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_key[j * K + e] = f1[i]; }
         }
-        const float f4 = ((float)K);
-        const float f5 = powf(f4, -0.5f);
-        float f6[KE];
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, beta
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -391,11 +421,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_key[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_g[j * K + e] = expf(g7[i]); }
+            if (e < K) { sh_g[j * K + e] = expf(g7[i]); }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -568,7 +598,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -684,6 +714,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_G[NREC * K];
     __shared__ float sh_ed[K];
     __shared__ float sh_value[1 * BV];
+    if (warp == 0 % WARPS && lane * 32 < K) prefetch_l1(tok_q + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 1 % WARPS && lane * 32 < K) prefetch_l1(tok_k + ((size_t)b * t_tok * H + hk) * K + lane * 32);
+    if (warp == 2 % WARPS && lane * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)b * t_tok * HV + hv) * V + v0 + lane * 32);
+    if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
+    if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     int page = src;
     float s[RPW][KE];
@@ -704,7 +739,33 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + 1 >= WINDOW;
-    for (int j = warp; j < t; j += WARPS) {
+    if (warp == 0 % WARPS) {  // the one token's query
+        const int j = 0;
+        float f0[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        float f1[KE];
+        {
+            float ss = 0.f;
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f0[i] * f0[i] : 0.f;
+            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
+            #pragma unroll
+            for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
+        }
+        const float f2 = ((float)K);
+        const float f3 = powf(f2, -0.5f);
+        float f4[KE];
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f4[i] = (e < K) ? (f1[i] * f3) : 0.f; }
+        #pragma unroll
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_q[j * K + e] = f4[i]; }
+        }
+    }
+    if (warp == 1 % WARPS) {  // the one token's key
+        const int j = 0;
         float f0[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
@@ -717,23 +778,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             #pragma unroll
             for (int i = 0; i < KE; ++i) f1[i] = f0[i] * inv;
         }
-        float f2[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
-        float f3[KE];
-        {
-            float ss = 0.f;
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) ss += (k_index(i, lane) < K) ? f2[i] * f2[i] : 0.f;
-            const float inv = rsqrtf(warp_sum(ss) + 1e-06f);
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) f3[i] = f2[i] * inv;
+        for (int i = 0; i < KE; ++i) {
+            const int e = k_index(i, lane);
+            if (e < K) { sh_kd[j * K + e] = f1[i]; }
         }
-        const float f4 = ((float)K);
-        const float f5 = powf(f4, -0.5f);
-        float f6[KE];
-        #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
+    }
+    if (warp == 2 % WARPS) {  // the one token's decay, beta
+        const int j = 0;
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
@@ -757,11 +809,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_kd[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_qd[j * K + e] = g7[i]; }
+            if (e < K) { sh_qd[j * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -1160,7 +1212,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
-    for (int x = tid; x < t * BV; x += THREADS) {
+    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
         const int j = x / BV, row = v0 + x % BV;
         if (row < V) {
             const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
@@ -1250,8 +1302,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             unsigned ab[4], as[4];
-            split_tf32(sm[mt][0][i], ab[0], as[0]); split_tf32(sm[mt][1][i], ab[1], as[1]);
-            split_tf32(sm[mt][0][i + 1], ab[2], as[2]); split_tf32(sm[mt][1][i + 1], ab[3], as[3]);
+            split_a_fragment(sm[mt][0][i], sm[mt][1][i], sm[mt][0][i + 1], sm[mt][1][i + 1], ab, as);
             mma_3xtf32(cq[mt], ab, as, bq);
             mma_3xtf32(ck[mt], ab, as, bk);
         }
@@ -1267,10 +1318,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             const int r0 = 16 * mt + g, r1 = r0 + 8;
             const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]
             unsigned ab[4], as[4];
-            split_tf32(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f, ab[0], as[0]);
-            split_tf32(i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f, ab[1], as[1]);
-            split_tf32(i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f, ab[2], as[2]);
-            split_tf32(i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab[3], as[3]);
+            split_a_fragment(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f,
+                             i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f,
+                             i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f,
+                             i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab, as);
             mma_3xtf32(cq[mt], ab, as, bq);
             mma_3xtf32(ck[mt], ab, as, bk);
         }
