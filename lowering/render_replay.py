@@ -129,17 +129,18 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     loads = mma_state_loads if tensor_cores else row_loads
     state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = fields(decl, "replay", one_token=not f.drafts) + stage_row_fields(decl)
+    # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-        body += state + token_fields + guarded(f.guards.get("load_records", ""), load_records(decl))
+        body += state + guarded(f.guards.get("load_records", ""), load_records(decl)) + token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         body += state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
         body += fill_load_lines(f, copies_in_flight=True)
-        body += token_fields + guarded("!EAGER_RECORDS", load_records(decl))
+        body += guarded("!EAGER_RECORDS", load_records(decl)) + token_fields
     body += ["cp_async_wait();", "__syncthreads();"]
     if "set_fill" in f.stmts:
         body += _arrive()

@@ -17,6 +17,7 @@ Usage: ``python scripts/experiment_variants.py --presets qwen3.5-4b,kimi-linear 
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 
@@ -33,7 +34,7 @@ FILL_CHECK = "    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }\n    c
 LAZY_STAGE = "    if (!EAGER_RECORDS) {\n"
 LOAD = "const float4 v = *reinterpret_cast<const float4*>(row + e);"
 STORE_HEAD = "*reinterpret_cast<float4*>(row + e) =\n                    make_float4("
-VARIANTS = {  # label: [(old, new), ...] replacements of the generated source, each of which must apply
+VARIANTS = {  # label: [(old, new) or a function of the source, ...] replacements of the generated source, each of which must apply
     "base": [],
     # the replay step's arrival (a release at gpu scope) after its scores, when its state rows have landed
     "arrival after scores": [(ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
@@ -44,6 +45,22 @@ VARIANTS = {  # label: [(old, new), ...] replacements of the generated source, e
     # no release at all: what the arrival's ordering costs (not a correct kernel, a measurement)
     "relaxed arrival": [("atom.release.gpu.global.inc.u32", "atom.relaxed.gpu.global.inc.u32")],
 }
+
+
+def records_before_fields(source: str) -> str:
+    """The n records' copies issued as soon as the fill is checked, before the token's fields."""
+    block = re.search(r"\n    if \(!EAGER_RECORDS\) \{\n.*?\n    \}\n", source, re.S)
+    if not block or FILL_CHECK not in source:
+        raise SystemExit("variant edit does not apply: records before fields")
+    source = source.replace(block.group(0), "\n", 1)
+    return source.replace(FILL_CHECK, FILL_CHECK + block.group(0)[1:], 1)
+
+
+ACQ_REL_FENCE = [("__threadfence();  // acquire", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire')]
+VARIANTS["records before fields"] = [records_before_fields]
+# the last arrival's acquire as fence.acq_rel instead of __threadfence's sequentially consistent fence
+VARIANTS["acq_rel fence"] = ACQ_REL_FENCE
+VARIANTS["records before fields + acq_rel fence"] = [records_before_fields] + ACQ_REL_FENCE
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
     "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),
@@ -59,7 +76,11 @@ def patched_renderer(edits):
 
     def render(program, launch):
         source = original(program, launch)
-        for old, new in edits:
+        for edit in edits:
+            if callable(edit):
+                source = edit(source)
+                continue
+            old, new = edit
             if old not in source:
                 raise SystemExit(f"variant edit does not apply: {old!r}")
             source = source.replace(old, new, 1)

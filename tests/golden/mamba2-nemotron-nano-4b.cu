@@ -696,6 +696,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + 1 >= WINDOW;
+    if (!EAGER_RECORDS) {
+        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    }
     if (warp == 0 % WARPS) {  // the one token's query
         const int j = 0;
         float f0[KE];
@@ -747,11 +752,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         } else {
             sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
-    }
-    if (!EAGER_RECORDS) {
-        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
-        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     }
     cp_async_wait();
     __syncthreads();
@@ -1077,6 +1077,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
         }
     }
+    if (!flush) {
+        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
+        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
+        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
+    }
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
@@ -1116,11 +1121,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         } else {
             sh_value[x] = 0.f; sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
-    }
-    if (!flush) {
-        stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
-        stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
-        stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     }
     cp_async_wait();
     __syncthreads();
