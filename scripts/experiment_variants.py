@@ -56,6 +56,25 @@ def records_before_fields(source: str) -> str:
     return source.replace(FILL_CHECK, FILL_CHECK + block.group(0)[1:], 1)
 
 
+FILL_LOAD = "    int n = fill[slot];\n"
+# the fill read by batch row, not through the slot (the benchmark puts slot b in row b, so the same
+# values): its load no longer waits for the slot's. Not a kernel to ship, a bound on what a fill the
+# host passes with the batch would buy
+FILL_BY_ROW = [(FILL_LOAD, "    int n = fill[b];\n")]
+
+
+def records_first(source: str) -> str:
+    """The fill (by row), its check and the records' copies ahead of the state rows' loads."""
+    block = re.search(r"\n    if \(!EAGER_RECORDS\) \{\n.*?\n    \}\n", source, re.S)
+    if not block or FILL_CHECK + block.group(0)[1:] not in source:
+        raise SystemExit("variant edit does not apply: records first")
+    early = FILL_LOAD.replace("slot", "b") + FILL_CHECK + block.group(0)[1:]
+    source = source.replace(FILL_CHECK + block.group(0)[1:], "", 1).replace(FILL_LOAD, "", 1)
+    return source.replace("    int page = src;\n", early + "    int page = src;\n", 1)
+
+
+VARIANTS["fill by row (bound)"] = FILL_BY_ROW
+VARIANTS["fill by row, records first (bound)"] = [records_first]
 ACQ_REL_FENCE = [("__threadfence();  // acquire", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire')]
 VARIANTS["records before fields"] = [records_before_fields]
 # the last arrival's acquire as fence.acq_rel instead of __threadfence's sequentially consistent fence
