@@ -75,6 +75,45 @@ def records_first(source: str) -> str:
 
 VARIANTS["fill by row (bound)"] = FILL_BY_ROW
 VARIANTS["fill by row, records first (bound)"] = [records_first]
+def in_kernel(name: str, edit):
+    """``edit`` applied to kernel ``name``'s text only (from its signature to the next kernel's)."""
+    def apply(source: str) -> str:
+        start = source.index(f") {name}(")
+        end = source.find("extern \"C\" __global__", start)
+        end = len(source) if end < 0 else end
+        return source[:start] + edit(source[start:end]) + source[end:]
+    return apply
+
+
+def l2_prefetch_ahead(ahead: int):
+    """One thread of the replay step's CTA prefetches into L2 (one ``cp.async.bulk.prefetch``) the
+    state rows of the CTA ``ahead`` places later in launch order, so that CTA's loads hit L2 and the
+    DRAM stream no longer waits for CTAs to finish (a measurement: not yet a generator option)."""
+    ids = "    const int src = src_page[b], dst = dst_page[b];\n"
+    page = (ids + f"    const unsigned ahead_cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x + {ahead};\n"
+            "    int ahead_page = -1, ahead_x = 0, ahead_y = 0;\n"
+            "    if (tid == THREADS - 32 && ahead_cta < gridDim.x * gridDim.y * gridDim.z) {\n"
+            "        ahead_x = ahead_cta % gridDim.x; ahead_y = (ahead_cta / gridDim.x) % gridDim.y;\n"
+            "        ahead_page = src_page[ahead_cta / (gridDim.x * gridDim.y)];\n"
+            "    }\n")
+    after_rows = "    if (EAGER_RECORDS) {\n"
+    prefetch = ("    if (tid == THREADS - 32 && ahead_page >= 0 && ahead_page < num_pages && ahead_x * BV < V) {\n"
+                "        const int r0 = ahead_x * BV, nr = min(BV, V - r0);\n"
+                "        asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(checkpoint + (((size_t)ahead_page * HV + ahead_y) * V + r0) * K),\n"
+                "                     \"r\"((unsigned)(nr * K * sizeof(STATE_T))) : \"memory\");\n"
+                "    }\n" + after_rows)
+
+    def edit(text: str) -> str:
+        if ids not in text or after_rows not in text:
+            raise SystemExit("variant edit does not apply: L2 prefetch")
+        return text.replace(ids, page, 1).replace(after_rows, prefetch, 1)
+    return in_kernel("replay_step", edit)
+
+
+for _waves, _ahead in (("half a wave", 264), ("a wave", 528), ("two waves", 1056)):
+    VARIANTS[f"L2 prefetch {_waves} ahead"] = [l2_prefetch_ahead(_ahead)]
+
+
 ACQ_REL_FENCE = [("__threadfence();  // acquire", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire')]
 VARIANTS["records before fields"] = [records_before_fields]
 # the last arrival's acquire as fence.acq_rel instead of __threadfence's sequentially consistent fence
