@@ -64,6 +64,38 @@ def test_group_options_are_tried_in_their_group_only():
     assert LaunchConfig(8, 10, verify_rows_per_pass=10).label == "8x10/p10"
 
 
+def test_a_group_is_refused_only_for_its_own_kernels_spills():
+    """A group launches only from the module of its own launch shape, so another group's spilling
+    kernel in that module does not rule the shape out; the group's own kernels (the fill kernels and
+    the rest of the replay group included) and a module that does not build do."""
+    assert not autotune.group_spills({}, "replay")
+    assert not autotune.group_spills({"verify": 8}, "replay")
+    assert not autotune.group_spills({"verify": 8, "snapshot_verify": 4}, "replay")
+    assert autotune.group_spills({"verify": 8}, "verify")
+    assert autotune.group_spills({"flush_for_verify": 4}, "verify")
+    assert autotune.group_spills({"flush": 4}, "replay")
+    assert autotune.group_spills({"materialize": 4}, "replay")
+    assert autotune.group_spills({"snapshot_verify": 4}, "conventional")
+    assert not autotune.group_spills({"replay_step": 4}, "conventional")
+    for group in autotune.GROUPS:
+        assert autotune.group_spills(None, group)
+
+
+@pytest.mark.nvrtc
+def test_eight_warp_64_register_shape_builds_the_replay_group_clean(program):
+    """8x8/r64 (4 CTAs of 8 warps per SM) is a candidate for the GDN replay step although verify
+    spills in that module: the replay group's own kernels build clean."""
+    from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    launch = LaunchConfig(8, 8, max_registers=64)
+    assert launch in autotune.CANDIDATES
+    result = compile_cubin(render_program(program, launch), "gdn-8x8-r64.cu")
+    replay_group = {name: res for name, res in result.resources.items() if autotune.group_of(name) == "replay"}
+    assert {"replay_step", "flush", "materialize"} <= set(replay_group)
+    for name, res in replay_group.items():
+        assert res.clean and res.registers <= 64, f"{name}: {res}"
+
+
 def test_verify_rows_per_pass():
     assert LaunchConfig(4, 16).verify_rows == 8, "by default 8 rows per pass (16 in one pass spill for some declarations)"
     assert LaunchConfig(4, 4).verify_rows == 4
