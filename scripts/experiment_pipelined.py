@@ -9,7 +9,10 @@ shaped like the generated steps at ``[B, HV, V, K]`` = ``[256, 32, 128, 128]`` f
   against a vector and writes one float per row (the replay step with an empty buffer); ``+store``
   also scales and writes the rows back (the conventional step);
 * ``pipelined``: a persistent grid (CTAs per SM × SMs); each CTA walks the tiles and issues the next
-  tile's loads into a second register set before it reduces the current one.
+  tile's loads into a second register set before it reduces the current one;
+* ``_body64``, ``_body256``: the indexed kernels with a chain of 64 or 256 dependent shuffles once a
+  tile has landed, a stand-in for the generated step's work between its rows' arrival and its last
+  row: does a persistent CTA, which has the next tile's loads in flight meanwhile, hide it?
 
 Usage: ``python scripts/experiment_pipelined.py``; prints ms and the ratio to the floors.
 """
@@ -26,14 +29,24 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ S, long tile
     for (int r = 0; r < RPW; ++r) s[r] = base[r * 32 + lane];
 }
 
-template <int RPW, bool STORE>
+// BODY dependent shuffles once the tile has landed: a stand-in for the generated step's work between
+// its rows' arrival and its last row (fields, barriers, scores, reductions), which holds the registers
+template <int BODY>
+__device__ __forceinline__ float body_chain(float x) {
+#pragma unroll 1
+    for (int i = 0; i < BODY; ++i) x = __shfl_xor_sync(0xffffffffu, x, 1) * 0.999f + 1e-7f;
+    return x;
+}
+
+template <int RPW, bool STORE, int BODY = 0>
 __device__ __forceinline__ void finish_tile(float* __restrict__ S, const float* __restrict__ q, float* __restrict__ out,
                                             long tile, float4 (&s)[RPW], int warp, int lane) {
     const long head = tile * 4 * RPW / 128;
     const float4 qq = reinterpret_cast<const float4*>(q + (head % 4096) * 128)[lane];
+    const float chain = BODY ? body_chain<BODY>(s[0].x) * 1e-30f : 0.f;
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
-        float d = s[r].x * qq.x + s[r].y * qq.y + s[r].z * qq.z + s[r].w * qq.w;
+        float d = s[r].x * qq.x + s[r].y * qq.y + s[r].z * qq.z + s[r].w * qq.w + chain;
 #pragma unroll
         for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         const long row = tile * 4 * RPW + warp * RPW + r;
@@ -58,7 +71,7 @@ __device__ void blocked(float* __restrict__ S, const float* __restrict__ q, floa
     finish_tile<RPW, STORE>(S, q, out, blockIdx.x, s, warp, lane);
 }
 
-template <int RPW>
+template <int RPW, int BODY = 0>
 __device__ void blocked_indexed(float* __restrict__ S, const float* __restrict__ q, float* __restrict__ out,
                                 const int* __restrict__ index) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -68,10 +81,10 @@ __device__ void blocked_indexed(float* __restrict__ S, const float* __restrict__
     load_tile<RPW>(S, tile, s, warp, lane);
     sh[threadIdx.x] = q[threadIdx.x];
     __syncthreads();
-    finish_tile<RPW, false>(S, q, out, tile, s, warp, lane);
+    finish_tile<RPW, false, BODY>(S, q, out, tile, s, warp, lane);
 }
 
-template <int RPW>
+template <int RPW, int BODY = 0>
 __device__ void pipelined_indexed(float* __restrict__ S, const float* __restrict__ q, float* __restrict__ out,
                                   const int* __restrict__ index, long tiles) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -84,11 +97,11 @@ __device__ void pipelined_indexed(float* __restrict__ S, const float* __restrict
         const long t1 = t + gridDim.x, t2 = t1 + gridDim.x, t3 = t2 + gridDim.x;
         if (t1 < tiles) load_tile<RPW>(S, ib, b, warp, lane);
         const long ia_next = t2 < tiles ? index[t2] : 0;
-        finish_tile<RPW, false>(S, q, out, ia, a, warp, lane);
+        finish_tile<RPW, false, BODY>(S, q, out, ia, a, warp, lane);
         ia = ia_next;
         if (t2 < tiles) load_tile<RPW>(S, ia, a, warp, lane);
         const long ib_next = t3 < tiles ? index[t3] : 0;
-        if (t1 < tiles) finish_tile<RPW, false>(S, q, out, ib, b, warp, lane);
+        if (t1 < tiles) finish_tile<RPW, false, BODY>(S, q, out, ib, b, warp, lane);
         ib = ib_next;
     }
 }
@@ -113,6 +126,10 @@ __global__ void __launch_bounds__(128, 4) blocked16(float* S, const float* q, fl
 __global__ void __launch_bounds__(128, 4) blocked16_store(float* S, const float* q, float* out) { blocked<16, true>(S, q, out); }
 __global__ void __launch_bounds__(128, 4) blocked16_indexed(float* S, const float* q, float* out, const int* i) { blocked_indexed<16>(S, q, out, i); }
 __global__ void __launch_bounds__(128, 4) pipelined8_indexed(float* S, const float* q, float* out, const int* i, long n) { pipelined_indexed<8>(S, q, out, i, n); }
+__global__ void __launch_bounds__(128, 4) blocked16_indexed_body64(float* S, const float* q, float* out, const int* i) { blocked_indexed<16, 64>(S, q, out, i); }
+__global__ void __launch_bounds__(128, 4) blocked16_indexed_body256(float* S, const float* q, float* out, const int* i) { blocked_indexed<16, 256>(S, q, out, i); }
+__global__ void __launch_bounds__(128, 4) pipelined8_indexed_body64(float* S, const float* q, float* out, const int* i, long n) { pipelined_indexed<8, 64>(S, q, out, i, n); }
+__global__ void __launch_bounds__(128, 4) pipelined8_indexed_body256(float* S, const float* q, float* out, const int* i, long n) { pipelined_indexed<8, 256>(S, q, out, i, n); }
 __global__ void __launch_bounds__(128, 8) blocked8(float* S, const float* q, float* out) { blocked<8, false>(S, q, out); }
 __global__ void __launch_bounds__(128, 4) pipelined8(float* S, const float* q, float* out, long n) { pipelined<8, false>(S, q, out, n); }
 __global__ void __launch_bounds__(128, 4) pipelined8_store(float* S, const float* q, float* out, long n) { pipelined<8, true>(S, q, out, n); }
@@ -141,6 +158,8 @@ def main() -> None:
     cases = [("blocked16", 16, None), ("blocked8", 8, None), ("blocked16_store", 16, None),
              ("blocked16", 16, "4 CTAs/SM"), ("blocked16_indexed", 16, None), ("blocked16_indexed", 16, "4 CTAs/SM"),
              ("pipelined8_indexed", 8, 4)]
+    for body in (64, 256):  # a longer body after the rows land: one CTA per tile against persistent CTAs
+        cases += [(f"blocked16_indexed_body{body}", 16, "4 CTAs/SM"), (f"pipelined8_indexed_body{body}", 8, 4)]
     for per_sm in (4, 8):
         cases += [("pipelined8", 8, per_sm), ("pipelined8_store", 8, per_sm)]
     for per_sm in (8, 12, 16):
