@@ -75,12 +75,16 @@ def choose_launch(shape, rows: int) -> LaunchConfig:
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
 
 
+def row_parts(delta: bool) -> int:
+    """Values per row the replay rows reduce: the output part, and for delta rules the key projection."""
+    return 2 if delta else 1
+
+
 def rows_reduced(rows: int, delta: bool) -> int:
     """Rows whose parts the replay rows reduce together, out of ``rows`` (the step: a warp's rows;
-    verify: its rows per pass): a power of two, at most 16 values (the output part, and the key
-    projection for delta rules) in one reduction."""
-    parts = 2 if delta else 1
-    return min(16 // parts, 1 << (rows - 1).bit_length())
+    verify: its rows per pass): a power of two, at most 16 values (``row_parts`` per row) in one
+    reduction."""
+    return min(16 // row_parts(delta), 1 << (rows - 1).bit_length())
 
 
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:

@@ -66,14 +66,16 @@ FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
 NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fill's values (commit: render_cuda)
 
 
-def token_prefetch(decl) -> list[str]:
+def token_prefetch(decl, drafts: bool) -> list[str]:
     """The lines of the one token's inputs that this CTA reads, asked of L1 before the state rows'
-    loads (a step: no drafts). The fields load the token after the rows in program order; without the
+    loads (a step; none for a kernel of drafts). The fields load the token after the rows in program order; without the
     prefetch those loads queue behind the CTA's state bytes, and the first barrier waits for them
     (the stall sampling of both step kernels: docs/performance.md). Input i's lines (up to 32: a hint,
     past that the loads fetch the rest) go to warp i % WARPS, one 128-byte line per lane; nothing
     here depends on the fill or the slot, so the prefetches go before the row checks."""
     lines = []
+    if drafts:
+        return lines
     for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
         heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
         row = f"((size_t)b * t_tok * {heads} + {head})"  # token j = 0, as ExprRenderer indexes it
@@ -139,14 +141,10 @@ def fields(decl, mode: str, one_token: bool = False) -> list[str]:
     elif decl.decay_form == "scalar":
         scalar_lines.append(("g", "decay", "sh_g[j] = {};" if replay else "sh_g[j] = expf({});"))
     strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
-    if strength is not None:
-        scalar_lines.append(("s", strength, "sh_beta[j] = {};"))
+    scalar_lines.append(("s", strength, "sh_beta[j] = {};") if strength else None)  # None: sh_beta[j] = 1
     if not one_token:
-        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay,
-                                 strength is not None)
+        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay)
     groups = [([vectors[1]], []), ([vectors[0]], []), ([decay_vector] if decay_vector else [], scalar_lines)]
-    if strength is None:
-        groups[2][1].append(None)  # sh_beta[j] = 1
     body = []
     for w, (vector_fields, scalar_fields) in enumerate(groups):
         lines = _field_lines(decl, vector_fields, scalar_fields, replay)
@@ -188,8 +186,8 @@ def _field_lines(decl, vector_fields, scalar_fields, replay: bool) -> list[str]:
     return body
 
 
-def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool, has_strength: bool) -> list[str]:
-    lines = _field_lines(decl, vector_fields, scalar_fields + ([] if has_strength else [None]), replay)
+def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool) -> list[str]:
+    lines = _field_lines(decl, vector_fields, scalar_fields, replay)
     return ["for (int j = warp; j < t; j += WARPS) {"] + ["    " + x for x in lines] + ["}"]
 
 

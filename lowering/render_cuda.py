@@ -22,7 +22,7 @@ from pathlib import Path
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, rows_reduced
+from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
@@ -31,9 +31,9 @@ from .render_replay import render_replay
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
 STATE_C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short"}  # 16-bit: raw bits
-def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
+def _render_recur(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
-    body = ids(f) + shared_decls(decl, f.drafts, replay=False) + ([] if f.drafts else token_prefetch(decl)) + fill_lines(f)
+    body = ids(f) + shared_decls(decl, f.drafts, replay=False) + token_prefetch(decl, f.drafts) + fill_lines(f)
     body += row_loads(STATE_ROW.format(page="src"))
     body += fields(decl, "recur", one_token=not f.drafts) + stage_row_fields(decl)  # n = 0: keys at sh_key[j * K]
     body.append("__syncthreads();")
@@ -73,7 +73,7 @@ def _render_recur(k: Kernel, f: Facts, program: Program) -> list[str]:
     return body
 
 
-def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
+def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
     body = ids(f) + fill_lines(f)
     guard = f.guards.get("fold", "")
@@ -96,7 +96,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program) -> list[str]:
     return body
 
 
-def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
+def _render_copy(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     body = ids(f) + fill_lines(f)
     body += ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
              "    if (row >= V) continue;", "    float s[KE];",
@@ -105,7 +105,7 @@ def _render_copy(k: Kernel, f: Facts, program: Program) -> list[str]:
     return body
 
 
-def _render_fill(k: Kernel, f: Facts, program: Program) -> list[str]:
+def _render_fill(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     value = f.stmts["set_fill"].attr("value")
     update = {
         "zero": [f"fill[slot] = {NEXT_FILL['zero']};"],
@@ -126,8 +126,7 @@ TEMPLATES = {"replay": render_replay, "recur": _render_recur, "fold": _render_fo
 
 def render_kernel(kernel: Kernel, program: Program, launch: LaunchConfig) -> str:
     f = facts(kernel)
-    template = TEMPLATES[f.family]
-    body = template(kernel, f, program, launch) if template is render_replay else template(kernel, f, program)
+    body = TEMPLATES[f.family](kernel, f, program, launch)
     args = ",\n    ".join(f"{ctype} __restrict__ {name}" if "*" in ctype else f"{ctype} {name}"
                           for ctype, name in kernel_arguments(program))
     bounds = (f"__launch_bounds__({FILL_THREADS})" if f.family == "fill"
@@ -143,7 +142,6 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     vec = 4 if K % 4 == 0 else 1
     kch = -(-K // (32 * vec))
     nrec = cfg.capacity + 1
-    parts = 2 if decl.is_delta else 1  # values per row the replay rows reduce (output, delta-rule key projection)
     if nrec > 32:
         raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "
                             "record per lane (use a smaller window or fewer drafts)")
@@ -152,7 +150,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
-              "PARTS": parts, "ROWS_REDUCED": rows_reduced(launch.rows_per_warp, decl.is_delta),
+              "PARTS": row_parts(decl.is_delta), "ROWS_REDUCED": rows_reduced(launch.rows_per_warp, decl.is_delta),
               "VERIFY_ROWS_REDUCED": rows_reduced(launch.verify_rows, decl.is_delta),
               # records per warp trip of the scores, their dot products in one reduction (a decay
               # vector, recomputed per element, holds more registers per record)

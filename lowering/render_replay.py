@@ -125,7 +125,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
-    body += ([] if f.drafts else token_prefetch(decl)) + row_check_lines(f)
+    body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
     state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = fields(decl, "replay", one_token=not f.drafts) + stage_row_fields(decl)
