@@ -127,6 +127,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
     timings = {}
     rng = np.random.default_rng(0)
     program = lower(decl, shape, config)
+    t = drafts_timed(group, config)  # verify's draft count (None: not a verify group)
     for launch in distinct_candidates(program, group):
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
         if group_spills(cache.compiled.local_memory(), group):
@@ -137,8 +138,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":
             stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
-        elif drafts_timed(group, config) is not None:
-            t = drafts_timed(group, config)
+        elif t is not None:
             (drafts,), vb, outt = verify_inputs(cp, decl, shape, rng, batch, t)
             stream, graphs = capture_graphs(cp, lambda i, cache=cache, vb=vb, drafts=drafts, outt=outt:
                                             verify_and_commit(cache, vb, drafts, outt, t), 1)
