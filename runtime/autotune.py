@@ -1,14 +1,17 @@
 """Runtime layer: a small autotuner for the launch shape of the generated kernels, with a cached table.
 
-Kernels come in three groups with a launch shape each: the replay group (step, flush, load,
-materialize), the verify group (``flush_for_verify``, ``verify``: more head-level work per tile, so
-they favour larger tiles) and the conventional baselines (``conventional_step``, ``snapshot_verify``),
-so the baseline is tuned as hard as what it is compared with. ``tune_step`` times one group's decode
-step (the replay step in the mixed steady state, verify of ``max_drafts`` tokens with its commit, or
-the conventional step; CUDA graph, median) on a
-scratch cache for each candidate ``LaunchConfig`` and records the fastest in a JSON table keyed by
-declaration fingerprint, shape, replay settings, batch size and group (``REPLAYSSM_AUTOTUNE_CACHE``).
-Caches consult the table before falling back to ``choose_launch``'s rule. Needs a GPU.
+Kernels come in three families with a launch shape each: the replay group (step, flush, load,
+materialize), verify (``flush_for_verify``, ``verify``: more head-level work per tile, so they favour
+larger tiles) and the conventional baselines (``conventional_step``, ``snapshot_verify``), so the
+baseline is tuned as hard as what it is compared with. Verify has two groups: ``verify`` for more
+than ``VERIFY_FEW_DRAFTS`` drafts and ``verify_few`` for at most that many, since its rows run on
+tensor cores only under the uncapped shapes and those lose to the SIMT rows of a capped shape when
+the drafts are few. ``tune_step`` times one group's decode step (the replay step in the mixed steady
+state, verify of ``max_drafts`` tokens, or of ``VERIFY_FEW_DRAFTS``, with its commit, or the
+conventional step; CUDA graph, median) on a scratch cache for each candidate ``LaunchConfig`` and
+records the fastest in a JSON table keyed by declaration fingerprint, shape, replay settings, batch
+size and group (``REPLAYSSM_AUTOTUNE_CACHE``). Caches consult the table before falling back to
+``choose_launch``'s rule (``verify_few`` first falls back to the ``verify`` entry). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
               LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
               LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
-              LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80))  # 6 CTAs per SM
+              LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
+              LaunchConfig(8, 8, max_registers=64))  # 4 CTAs of 8 warps per SM: 4x16's rows in flight, twice its warps
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
 # step, small batches) and verify's rows in one pass through the drafts (where that builds clean;
 # only where verify's rows run on SIMT lanes, see ``tensor_core_verify``).
@@ -40,6 +44,8 @@ GROUP_EXTRAS = {
                LaunchConfig(4, 16, verify_rows_per_pass=16)),
     "conventional": (),
 }
+GROUP_EXTRAS["verify_few"] = GROUP_EXTRAS["verify"]
+VERIFY_FEW_DRAFTS = 2  # verify of at most this many drafts launches with the verify_few group's shape
 
 
 GROUPS = tuple(GROUP_EXTRAS)
@@ -58,11 +64,29 @@ def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
     return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c)))
 
 
-def group_of(kernel: str) -> str:
-    """The tuning group whose launch shape runs ``kernel`` (fill kernels have no tiles: any group)."""
+def group_of(kernel: str, drafts: int | None = None) -> str:
+    """The tuning group whose launch shape runs ``kernel`` (fill kernels have no tiles: any group);
+    for verify's kernels ``drafts`` (the tokens' T) picks ``verify_few`` or ``verify``."""
     if kernel in CONVENTIONAL_KERNELS:
         return "conventional"
-    return "verify" if kernel in VERIFY_KERNELS else "replay"
+    if kernel in VERIFY_KERNELS:
+        return "verify_few" if drafts is not None and drafts <= VERIFY_FEW_DRAFTS else "verify"
+    return "replay"
+
+
+def drafts_timed(group: str, config) -> int | None:
+    """The draft count ``tune_step`` times ``group``'s verify with (None for the other groups)."""
+    if group == "verify":
+        return config.max_drafts
+    return min(VERIFY_FEW_DRAFTS, config.max_drafts) if group == "verify_few" else None
+
+
+def group_spills(local_memory: dict | None, group: str) -> bool:
+    """Whether a module whose ``local_memory()`` is given cannot serve ``group``: it does not build
+    (``None``), or one of the group's own kernels spills. Other groups' kernels do not count: a group
+    launches only from the module of its own launch shape."""
+    family = "verify" if group == "verify_few" else group  # the same kernels
+    return local_memory is None or any(group_of(kernel) == family for kernel in local_memory)
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
@@ -103,18 +127,18 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
     timings = {}
     rng = np.random.default_rng(0)
     program = lower(decl, shape, config)
+    t = drafts_timed(group, config)  # verify's draft count (None: not a verify group)
     for launch in distinct_candidates(program, group):
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
-        if cache.compiled.local_memory() != {}:
-            continue  # does not build, or spills
+        if group_spills(cache.compiled.local_memory(), group):
+            continue  # does not build, or one of the group's kernels spills
         cache.buffers["checkpoint"][...] = 0.01
         batch = mixed_steady_state(cache, rows)
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":
             stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
-        elif group == "verify":
-            t = config.max_drafts
+        elif t is not None:
             (drafts,), vb, outt = verify_inputs(cp, decl, shape, rng, batch, t)
             stream, graphs = capture_graphs(cp, lambda i, cache=cache, vb=vb, drafts=drafts, outt=outt:
                                             verify_and_commit(cache, vb, drafts, outt, t), 1)
@@ -123,8 +147,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         timings[launch] = time_graphs(cp, stream, graphs, reps)
         del cache
     if not timings:
-        raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds without spills for "
-                            f"{decl.name!r} at {shape}")
+        raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds the {group} "
+                            f"kernels without spills for {decl.name!r} at {shape}")
     best = min(timings, key=timings.get)
     table = load_table()
     table[table_key(program, rows, group)] = {

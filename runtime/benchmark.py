@@ -174,7 +174,7 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
 
 
 def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
-    from .autotune import tune_step
+    from .autotune import VERIFY_FEW_DRAFTS, tune_step
     from .cuda_cache import CudaReplayCache
 
     p = PRESETS[preset_name]
@@ -183,6 +183,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     params = random_params(decl, shape, rng)
     launch, tuning = tune_step(decl, shape, config, params, batch)
     verify_launch, verify_tuning = tune_step(decl, shape, config, params, batch, group="verify")
+    few_launch, few_tuning = tune_step(decl, shape, config, params, batch, group="verify_few")
     conv_launch, conv_tuning = tune_step(decl, shape, config, params, batch, group="conventional")
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     HV, V, K = shape.heads, shape.v_dim, shape.k_dim
@@ -195,9 +196,11 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     res = {"preset": preset_name, "variant": p.variant, "B": batch,
-           "launch": f"{launch.label}; ver {verify_launch.label}; conv {conv_launch.label}",
+           "launch": f"{launch.label}; ver {verify_launch.label}; ver{VERIFY_FEW_DRAFTS} {few_launch.label}; "
+                     f"conv {conv_launch.label}",
            "tuning_ms": {k.label: v for k, v in tuning.items()},
            "verify_tuning_ms": {k.label: v for k, v in verify_tuning.items()},
+           "verify_few_tuning_ms": {k.label: v for k, v in few_tuning.items()},
            "conventional_tuning_ms": {k.label: v for k, v in conv_tuning.items()}}
 
     stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)

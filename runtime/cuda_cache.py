@@ -43,10 +43,14 @@ class CudaReplayCache(ReplayCacheBase):
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
 
-    def _compiled_for(self, rows: int, kernel: str = "replay_step") -> CompiledProgram:
-        """The module that runs ``kernel`` for a batch of ``rows``: a fixed launch if given, else the
-        autotuner's entry for the kernel's group (replay, verify or conventional), else ``choose_launch``."""
-        launch = self.fixed_launch or self._tuned_launch(rows, group_of(kernel)) or self._fitting_launch(rows)
+    def _compiled_for(self, rows: int, kernel: str = "replay_step", drafts: int | None = None) -> CompiledProgram:
+        """The module that runs ``kernel`` for a batch of ``rows`` (and, for verify's kernels, ``drafts``
+        tokens): a fixed launch if given, else the autotuner's entry for the kernel's group (replay,
+        verify, verify_few or conventional; verify_few falls back to verify's), else ``choose_launch``."""
+        group = group_of(kernel, drafts)
+        launch = (self.fixed_launch or self._tuned_launch(rows, group)
+                  or (self._tuned_launch(rows, "verify") if group == "verify_few" else None)
+                  or self._fitting_launch(rows))
         if launch not in self._compiled:
             self._compiled[launch] = CompiledProgram(self.program, launch)
         return self._compiled[launch]
@@ -146,7 +150,7 @@ class CudaReplayCache(ReplayCacheBase):
                 args.append(named[name])
             else:
                 args.append(self._dummy["state" if ctype == "STATE_T*" else "int" if "int" in ctype else "float"])
-        self._compiled_for(rows, kernel).launch_kernel(kernel, rows, tuple(args), self.stream)
+        self._compiled_for(rows, kernel, t_tok).launch_kernel(kernel, rows, tuple(args), self.stream)
 
     def _to_storage(self, values):
         """float32 device values → the state buffer's storage (bf16 as round-to-nearest-even bits)."""

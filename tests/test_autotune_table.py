@@ -20,10 +20,30 @@ def program():
 
 
 def test_groups_of_kernels(program):
-    assert {autotune.group_of(k.name) for k in program.kernels} == set(autotune.GROUPS)
+    assert {autotune.group_of(k.name) for k in program.kernels} == set(autotune.GROUPS) - {"verify_few"}
     assert [k.name for k in program.kernels if autotune.group_of(k.name) == "conventional"] == \
         ["conventional_step", "snapshot_verify"]
     assert [k.name for k in program.kernels if autotune.group_of(k.name) == "verify"] == ["flush_for_verify", "verify"]
+
+
+def test_verify_of_few_drafts_has_its_own_group(program):
+    """Verify's kernels go to ``verify_few`` at T ≤ VERIFY_FEW_DRAFTS (both kernels of one verify
+    together), to ``verify`` above it or when T is not given; the draft count changes no other group."""
+    few = autotune.VERIFY_FEW_DRAFTS
+    for kernel in autotune.VERIFY_KERNELS:
+        assert [autotune.group_of(kernel, t) for t in range(1, few + 2)] == ["verify_few"] * few + ["verify"]
+        assert autotune.group_of(kernel) == "verify"
+    for kernel in ("replay_step", "flush", "commit", "materialize"):
+        assert autotune.group_of(kernel, 1) == "replay"
+    assert autotune.group_of("snapshot_verify", 1) == "conventional"
+    assert autotune.table_key(program, 256, "verify_few") != autotune.table_key(program, 256, "verify")
+    assert autotune.candidates("verify_few") == autotune.candidates("verify")
+    config = program.config
+    assert autotune.drafts_timed("verify", config) == config.max_drafts
+    assert autotune.drafts_timed("verify_few", config) == min(few, config.max_drafts)
+    assert autotune.drafts_timed("verify_few", ReplayConfig(max_drafts=1)) == 1
+    assert autotune.drafts_timed("replay", config) is None and autotune.drafts_timed("conventional", config) is None
+    assert autotune.group_spills({"verify": 8}, "verify_few") and not autotune.group_spills({"verify": 8}, "replay")
 
 
 def test_lookup_reads_each_group_and_batch_separately(program, tmp_path, monkeypatch):
@@ -59,9 +79,42 @@ def test_group_options_are_tried_in_their_group_only():
     assert any(c.verify_rows_per_pass for c in verify) and not any(c.verify_rows_per_pass for c in replay + conventional)
     assert set(autotune.CANDIDATES) <= set(replay) & set(verify) & set(conventional)
     labels = [c.label for g in autotune.GROUPS for c in autotune.candidates(g)]
-    assert len(labels) == len(set(labels)) + len(autotune.CANDIDATES) * (len(autotune.GROUPS) - 1)
+    shared = len(autotune.CANDIDATES) * (len(autotune.GROUPS) - 1) + len(autotune.GROUP_EXTRAS["verify_few"])
+    assert len(labels) == len(set(labels)) + shared  # verify_few tries verify's options
     assert LaunchConfig(8, 4, max_registers=64, eager_records=True).label == "8x4/r64/e"
     assert LaunchConfig(8, 10, verify_rows_per_pass=10).label == "8x10/p10"
+
+
+def test_a_group_is_refused_only_for_its_own_kernels_spills():
+    """A group launches only from the module of its own launch shape, so another group's spilling
+    kernel in that module does not rule the shape out; the group's own kernels (the fill kernels and
+    the rest of the replay group included) and a module that does not build do."""
+    assert not autotune.group_spills({}, "replay")
+    assert not autotune.group_spills({"verify": 8}, "replay")
+    assert not autotune.group_spills({"verify": 8, "snapshot_verify": 4}, "replay")
+    assert autotune.group_spills({"verify": 8}, "verify")
+    assert autotune.group_spills({"flush_for_verify": 4}, "verify")
+    assert autotune.group_spills({"flush": 4}, "replay")
+    assert autotune.group_spills({"materialize": 4}, "replay")
+    assert autotune.group_spills({"snapshot_verify": 4}, "conventional")
+    assert not autotune.group_spills({"replay_step": 4}, "conventional")
+    for group in autotune.GROUPS:
+        assert autotune.group_spills(None, group)
+
+
+@pytest.mark.nvrtc
+def test_eight_warp_64_register_shape_builds_the_replay_group_clean(program):
+    """8x8/r64 (4 CTAs of 8 warps per SM) is a candidate for the GDN replay step although verify
+    spills in that module: the replay group's own kernels build clean."""
+    from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    launch = LaunchConfig(8, 8, max_registers=64)
+    assert launch in autotune.CANDIDATES
+    result = compile_cubin(render_program(program, launch), "gdn-8x8-r64.cu")
+    replay_group = {name: res for name, res in result.resources.items() if autotune.group_of(name) == "replay"}
+    assert {"replay_step", "flush", "materialize"} <= set(replay_group)
+    for name, res in replay_group.items():
+        assert res.clean and res.registers <= 64, f"{name}: {res}"
 
 
 def test_verify_rows_per_pass():

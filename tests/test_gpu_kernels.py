@@ -306,3 +306,36 @@ def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
             twin.commit([0, 2], toks, [2, 1])
     twin.cache.flush([2])
     twin.check_materialize([0, 2])
+
+
+@pytest.mark.parametrize("name", ["gdn", "mamba2"])
+def test_gpu_verify_of_few_drafts_runs_its_own_tuned_shape(name, tmp_path, monkeypatch):
+    """With table entries for both verify groups, verify of T ≤ VERIFY_FEW_DRAFTS tokens launches from
+    the verify_few shape (here register-capped: SIMT rows) and longer verifies from verify's (uncapped:
+    rows on tensor cores); outputs and commits match the oracle either way."""
+    import dataclasses
+    import json
+
+    from replayssm_dsl.lowering import lower
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
+    from replayssm_dsl.runtime import autotune
+
+    shape, config, rows = ModelShape(4, 2, 64, 128), ReplayConfig(window=8, max_drafts=4), 2
+    program = lower(ALL_DECLS[name], shape, config)
+    few, many = LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 16)
+    assert not tensor_core_verify(program, few) and tensor_core_verify(program, many)
+    table = tmp_path / "autotune.json"
+    table.write_text(json.dumps({autotune.table_key(program, rows, "verify_few"): {"launch": dataclasses.asdict(few)},
+                                 autotune.table_key(program, rows, "verify"): {"launch": dataclasses.asdict(many)}}))
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(table))
+    twin = make_twin(ALL_DECLS[name], shape, config, seed=5, slots=3)
+    twin.load([0, 2])
+    for i, (t, drafts) in enumerate([(2, [2, 1]), (3, [3, 2]), (1, [1, 1]), (4, [4, 3]), (2, [2, 2])]):
+        twin.step([2, 0])
+        toks = twin.verify([0, 2], drafts)
+        assert toks[next(iter(toks))].shape[1] == t
+        twin.commit([0, 2], toks, [drafts[0] - i % 2, i % 2])
+        compiled = set(twin.cache._compiled)
+        assert few in compiled and (many in compiled) == (i >= 1), compiled
+    twin.check_materialize([0, 2])
