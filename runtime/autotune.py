@@ -34,7 +34,10 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
               LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
               LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
-              LaunchConfig(8, 8, max_registers=64))  # 4 CTAs of 8 warps per SM: 4x16's rows in flight, twice its warps
+              LaunchConfig(8, 8, max_registers=64),  # 4 CTAs of 8 warps per SM: 4x16's rows in flight, twice its warps
+              # 128-row CTAs (a whole head at V = 128: its head-level work once, not once per V-tile),
+              # 2 per SM; and 16-warp CTAs of 64 rows under a 64-register cap, 2 per SM (32 warps)
+              LaunchConfig(8, 16), LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64))
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
 # step, small batches) and verify's rows in one pass through the drafts (where that builds clean;
 # only where verify's rows run on SIMT lanes, see ``tensor_core_verify``).
