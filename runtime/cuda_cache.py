@@ -56,8 +56,12 @@ class CudaReplayCache(ReplayCacheBase):
 
     def _module(self, launch: LaunchConfig, family: str) -> CompiledProgram:
         if (launch, family) not in self._compiled:
-            self._compiled[launch, family] = CompiledProgram(self.program, launch, group_kernels(self.program, family))
+            self._compiled[launch, family] = self._new_module(launch, family)
         return self._compiled[launch, family]
+
+    def _new_module(self, launch: LaunchConfig, family: str) -> CompiledProgram:
+        """The module of ``family``'s kernels (``group_kernels``) at ``launch``, not yet kept."""
+        return CompiledProgram(self.program, launch, group_kernels(self.program, family))
 
     def _compiled_for(self, rows: int, kernel: str = "replay_step", drafts: int | None = None) -> CompiledProgram:
         """The module that runs ``kernel`` for a batch of ``rows`` (and, for verify's kernels, ``drafts``
@@ -80,9 +84,11 @@ class CudaReplayCache(ReplayCacheBase):
         fallbacks = [choose_launch(self.shape, rows), LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 2)]
         spilling = None
         for launch in dict.fromkeys(fallbacks):
-            spills = self._module(launch, family).local_memory()
+            compiled = self._compiled.get((launch, family)) or self._new_module(launch, family)
+            spills = compiled.local_memory()
             if spills is None:
-                continue  # does not build (e.g. too much shared memory)
+                continue  # does not build (e.g. too much shared memory): not kept
+            self._compiled[launch, family] = compiled
             if not spills:
                 break
             spilling = spilling or launch
