@@ -1,7 +1,7 @@
 """Runtime layer: a small autotuner for the launch shape of the generated kernels, with a cached table.
 
-Kernels come in three families with a launch shape each: the replay group (step, flush, load,
-materialize), verify (``flush_for_verify``, ``verify``: more head-level work per tile, so they favour
+Kernels come in three families with a launch shape each, each family compiled as its own module
+(``group_kernels``): the replay group (step, flush, load, materialize, and the fill kernels), verify (``flush_for_verify``, ``verify``: more head-level work per tile, so they favour
 larger tiles) and the conventional baselines (``conventional_step``, ``snapshot_verify``), so the
 baseline is tuned as hard as what it is compared with. Verify has two groups: ``verify`` for more
 than ``VERIFY_FEW_DRAFTS`` drafts and ``verify_few`` for at most that many, since its rows run on
@@ -34,7 +34,10 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               LaunchConfig(4, 10), LaunchConfig(8, 10),  # 40- and 80-row CTAs: no rows wasted at V = 80
               LaunchConfig(4, 10, max_registers=96),  # 5 CTAs per SM
               LaunchConfig(4, 8, max_registers=80), LaunchConfig(4, 10, max_registers=80),  # 6 CTAs per SM
-              LaunchConfig(8, 8, max_registers=64))  # 4 CTAs of 8 warps per SM: 4x16's rows in flight, twice its warps
+              LaunchConfig(8, 8, max_registers=64),  # 4 CTAs of 8 warps per SM: 4x16's rows in flight, twice its warps
+              # 128-row CTAs (a whole head at V = 128: its head-level work once, not once per V-tile),
+              # 2 per SM; and 16-warp CTAs of 64 rows under a 64-register cap, 2 per SM (32 warps)
+              LaunchConfig(8, 16), LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64))
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
 # step, small batches) and verify's rows in one pass through the drafts (where that builds clean;
 # only where verify's rows run on SIMT lanes, see ``tensor_core_verify``).
@@ -74,6 +77,18 @@ def group_of(kernel: str, drafts: int | None = None) -> str:
     return "replay"
 
 
+def family_of(group: str) -> str:
+    """The kernels' family of a tuning group: ``verify_few`` runs verify's kernels."""
+    return "verify" if group == "verify_few" else group
+
+
+def group_kernels(program, group: str) -> tuple[str, ...]:
+    """The kernels one module of ``group``'s launch shape holds: those ``group_of`` puts in the group's
+    family (the fill kernels, which have no tiles, go with the replay group). A module per group, so
+    a shape that does not build or spills for one group's kernels is still open to another's."""
+    return tuple(k.name for k in program.kernels if group_of(k.name) == family_of(group))
+
+
 def drafts_timed(group: str, config) -> int | None:
     """The draft count ``tune_step`` times ``group``'s verify with (None for the other groups)."""
     if group == "verify":
@@ -83,10 +98,9 @@ def drafts_timed(group: str, config) -> int | None:
 
 def group_spills(local_memory: dict | None, group: str) -> bool:
     """Whether a module whose ``local_memory()`` is given cannot serve ``group``: it does not build
-    (``None``), or one of the group's own kernels spills. Other groups' kernels do not count: a group
-    launches only from the module of its own launch shape."""
-    family = "verify" if group == "verify_few" else group  # the same kernels
-    return local_memory is None or any(group_of(kernel) == family for kernel in local_memory)
+    (``None``), or one of the group's own kernels spills. Other groups' kernels do not count (a
+    group's module holds only its own: ``group_kernels``)."""
+    return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
@@ -130,8 +144,8 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
     t = drafts_timed(group, config)  # verify's draft count (None: not a verify group)
     for launch in distinct_candidates(program, group):
         cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
-        if group_spills(cache.compiled.local_memory(), group):
-            continue  # does not build, or one of the group's kernels spills
+        if group_spills(cache.module_for(group, rows).local_memory(), group):
+            continue  # the group's kernels do not build, or one of them spills
         cache.buffers["checkpoint"][...] = 0.01
         batch = mixed_steady_state(cache, rows)
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}

@@ -13,9 +13,10 @@ import numpy as np
 
 from replayssm_dsl.errors import InputError, LoweringError
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
+from replayssm_dsl.lowering.render_cuda import render_program
 
 from .cache_base import ReplayCacheBase
-from .autotune import group_of, lookup
+from .autotune import family_of, group_kernels, group_of, lookup
 from .cuda_module import CompiledProgram, _cupy
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
@@ -28,10 +29,10 @@ class CudaReplayCache(ReplayCacheBase):
         cp = _cupy()
         self.cp, self.stream = cp, stream
         self.fixed_launch = launch
-        self._compiled: dict[LaunchConfig, CompiledProgram] = {}
+        self._compiled: dict[tuple[LaunchConfig, str], CompiledProgram] = {}  # (launch, family) -> module
         self._tuned: dict[tuple[int, str], LaunchConfig | None] = {}
-        self._fitting: dict[int, LaunchConfig] = {}
-        self.compiled = self._compiled_for(1)
+        self._fitting: dict[tuple[int, str], LaunchConfig] = {}
+        self.compiled = self.module_for("replay", 1)
         self.buffers = {}
         for buf in self.program.buffers:
             if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
@@ -43,17 +44,29 @@ class CudaReplayCache(ReplayCacheBase):
                        "state": cp.zeros(4, STORAGE[self.config.state_dtype])}
         self._args = kernel_arguments(self.program)
 
-    def _compiled_for(self, rows: int, kernel: str = "replay_step", drafts: int | None = None) -> CompiledProgram:
-        """The module that runs ``kernel`` for a batch of ``rows`` (and, for verify's kernels, ``drafts``
-        tokens): a fixed launch if given, else the autotuner's entry for the kernel's group (replay,
-        verify, verify_few or conventional; verify_few falls back to verify's), else ``choose_launch``."""
-        group = group_of(kernel, drafts)
+    def module_for(self, group: str, rows: int) -> CompiledProgram:
+        """The module that runs ``group``'s kernels (``group_kernels``) for a batch of ``rows``: at a fixed
+        launch if given, else the autotuner's entry for the group (verify_few falls back to verify's),
+        else ``choose_launch``'s shape or the first fallback that builds (``_fitting_launch``)."""
+        family = family_of(group)
         launch = (self.fixed_launch or self._tuned_launch(rows, group)
                   or (self._tuned_launch(rows, "verify") if group == "verify_few" else None)
-                  or self._fitting_launch(rows))
-        if launch not in self._compiled:
-            self._compiled[launch] = CompiledProgram(self.program, launch)
-        return self._compiled[launch]
+                  or self._fitting_launch(rows, family))
+        return self._module(launch, family)
+
+    def _module(self, launch: LaunchConfig, family: str) -> CompiledProgram:
+        if (launch, family) not in self._compiled:
+            self._compiled[launch, family] = self._new_module(launch, family)
+        return self._compiled[launch, family]
+
+    def _new_module(self, launch: LaunchConfig, family: str) -> CompiledProgram:
+        """The module of ``family``'s kernels (``group_kernels``) at ``launch``, not yet kept."""
+        return CompiledProgram(self.program, launch, group_kernels(self.program, family))
+
+    def _compiled_for(self, rows: int, kernel: str = "replay_step", drafts: int | None = None) -> CompiledProgram:
+        """The module that runs ``kernel`` for a batch of ``rows`` (and, for verify's kernels, ``drafts``
+        tokens): its group's (``group_of``: replay, verify, verify_few or conventional)."""
+        return self.module_for(group_of(kernel, drafts), rows)
 
     def _tuned_launch(self, rows: int, group: str) -> LaunchConfig | None:
         """The autotuner's table entry, read once per batch size and kernel group."""
@@ -61,35 +74,38 @@ class CudaReplayCache(ReplayCacheBase):
             self._tuned[rows, group] = lookup(self.program, rows, group)
         return self._tuned[rows, group]
 
-    def _fitting_launch(self, rows: int) -> LaunchConfig:
-        """``choose_launch``'s shape, or a smaller one when its kernels do not fit in 48 KiB of static
-        shared memory or spill to local memory (a declaration with more per-token fields than the
-        built-ins); a shape that spills is used only when none builds clean. Remembered per ``rows``."""
-        if rows in self._fitting:
-            return self._fitting[rows]
+    def _fitting_launch(self, rows: int, family: str) -> LaunchConfig:
+        """``choose_launch``'s shape, or a smaller one when the family's kernels do not fit in 48 KiB of
+        static shared memory or spill to local memory (a declaration with more per-token fields than
+        the built-ins); a shape that spills is used only when none builds clean. Remembered per
+        ``rows`` and family."""
+        if (rows, family) in self._fitting:
+            return self._fitting[rows, family]
         fallbacks = [choose_launch(self.shape, rows), LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 2)]
         spilling = None
         for launch in dict.fromkeys(fallbacks):
-            compiled = self._compiled.get(launch) or CompiledProgram(self.program, launch)
+            compiled = self._compiled.get((launch, family)) or self._new_module(launch, family)
             spills = compiled.local_memory()
             if spills is None:
-                continue  # does not build (e.g. too much shared memory)
-            self._compiled[launch] = compiled
+                continue  # does not build (e.g. too much shared memory): not kept
+            self._compiled[launch, family] = compiled
             if not spills:
                 break
             spilling = spilling or launch
         else:
             if spilling is None:
-                raise LoweringError(f"no launch shape of {fallbacks} builds for {self.program.declaration.name!r} "
-                                    f"at {self.shape} (static shared memory is limited to 48 KiB per CTA)")
+                raise LoweringError(f"no launch shape of {fallbacks} builds the {family} kernels for "
+                                    f"{self.program.declaration.name!r} at {self.shape} (static shared memory "
+                                    "is limited to 48 KiB per CTA)")
             launch = spilling
-        self._fitting[rows] = launch
+        self._fitting[rows, family] = launch
         return launch
 
     @property
     def source(self) -> str:
-        """The generated CUDA source of this cache's kernels."""
-        return self.compiled.source
+        """The generated CUDA source of all this cache's kernels at the replay group's launch shape for
+        one batch row (each group launches from a module of its own kernels: ``module_for``)."""
+        return render_program(self.program, self.compiled.launch)
 
     def _device(self, array, name: str = "array", dtype=np.float32):
         """A CuPy view of a device array (no copy), or a device copy of a host array in ``dtype``."""

@@ -48,12 +48,13 @@ def as_cupy_stream(stream):
 
 
 class CompiledProgram:
-    """The CUDA module of one program and launch configuration."""
+    """The CUDA module of one program and launch configuration: all its kernels, or the named ``kernels``."""
 
-    def __init__(self, program: Program, launch: LaunchConfig | None = None):
+    def __init__(self, program: Program, launch: LaunchConfig | None = None, kernels=None):
         self.program = program
         self.launch = launch or LaunchConfig()
-        self.source = render_program(program, self.launch)
+        self.kernel_names = tuple(kernels) if kernels is not None else tuple(k.name for k in program.kernels)
+        self.source = render_program(program, self.launch, kernels=kernels)
         self.hash = source_hash(self.source)
         self._module = None
         self._kernels = {}
@@ -86,7 +87,7 @@ class CompiledProgram:
         48 KiB of static shared memory)."""
         cupy = _cupy()
         try:
-            sizes = {k.name: self.kernel(k.name).attributes["local_size_bytes"] for k in self.program.kernels}
+            sizes = {name: self.kernel(name).attributes["local_size_bytes"] for name in self.kernel_names}
         except (cupy.cuda.compiler.CompileException, cupy.cuda.driver.CUDADriverError):
             return None
         return {name: size for name, size in sizes.items() if size}

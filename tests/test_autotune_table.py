@@ -103,18 +103,47 @@ def test_a_group_is_refused_only_for_its_own_kernels_spills():
 
 
 @pytest.mark.nvrtc
-def test_eight_warp_64_register_shape_builds_the_replay_group_clean(program):
-    """8x8/r64 (4 CTAs of 8 warps per SM) is a candidate for the GDN replay step although verify
-    spills in that module: the replay group's own kernels build clean."""
+@pytest.mark.parametrize("launch", [LaunchConfig(8, 8, max_registers=64), LaunchConfig(8, 16),
+                                    LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64)],
+                         ids=lambda c: c.label)
+def test_wide_ctas_build_the_replay_group_clean(program, launch):
+    """8x8/r64 (4 CTAs of 8 warps per SM), 8x16 (a whole head of V = 128 per CTA, 2 per SM) and the
+    16-warp shapes under a 64-register cap are candidates for the GDN replay step although verify
+    spills at some of them: the replay group's module builds clean."""
     from replayssm_dsl.lowering.render_cuda import render_program
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
-    launch = LaunchConfig(8, 8, max_registers=64)
     assert launch in autotune.CANDIDATES
-    result = compile_cubin(render_program(program, launch), "gdn-8x8-r64.cu")
+    result = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")),
+                           f"gdn-{launch.label.replace('/', '-')}.cu")
     replay_group = {name: res for name, res in result.resources.items() if autotune.group_of(name) == "replay"}
     assert {"replay_step", "flush", "materialize"} <= set(replay_group)
     for name, res in replay_group.items():
-        assert res.clean and res.registers <= 64, f"{name}: {res}"
+        assert res.clean and res.registers <= launch.max_registers, f"{name}: {res}"
+
+
+def test_each_family_compiles_as_its_own_module(program):
+    """group_kernels splits a program's kernels into the families' modules: every kernel in exactly
+    one, the fill kernels with the replay group, verify_few with verify's kernels."""
+    families = {group: autotune.group_kernels(program, group) for group in ("replay", "verify", "conventional")}
+    every = [name for names in families.values() for name in names]
+    assert sorted(every) == sorted(k.name for k in program.kernels)
+    assert {"replay_step", "flush", "commit", "reset_fill"} <= set(families["replay"])
+    assert set(families["verify"]) == {"flush_for_verify", "verify"}
+    assert autotune.group_kernels(program, "verify_few") == families["verify"]
+
+
+@pytest.mark.nvrtc
+def test_a_shape_too_large_for_verify_still_serves_the_replay_group():
+    """KDA at 8x16: verify needs more than 48 KiB of static shared memory, the replay group's module
+    builds clean, so the replay group may take the shape."""
+    from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    program = lower(variants.get("kda"), PRESETS["kimi-linear"].shape, ReplayConfig())
+    launch = LaunchConfig(8, 16)
+    result = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")))
+    assert result.resources["replay_step"].clean, result.resources["replay_step"]
+    with pytest.raises(RuntimeError, match="too much shared data"):
+        compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "verify")))
 
 
 def test_verify_rows_per_pass():
