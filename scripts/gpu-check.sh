@@ -49,11 +49,12 @@ if wants bench; then
     python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
   fi
 fi
-# Nsight Compute on the 7th launch of one kernel of scripts/profile_step.py (PROFILE_ARGS: --preset, --batch)
+# Nsight Compute on the 7th launch of one kernel of scripts/profile_step.py (PROFILE_ARGS: --preset, --batch;
+# PROFILE_KERNELS, STALL_KERNELS: which kernels)
 ncu_one() { local kernel=$1; shift; ncu --clock-control none --kernel-name "$kernel" --launch-skip 6 --launch-count 1 "$@" \
   python3 scripts/profile_step.py ${PROFILE_ARGS:-}; }
 if [[ $what == *" profile "* ]]; then  # where a kernel's time goes
-  for kernel in replay_step conventional_step flush verify; do
+  for kernel in ${PROFILE_KERNELS:-replay_step conventional_step flush verify}; do
     ncu_one "$kernel" --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats --section InstructionStats > "$OUT/profile-$kernel.log" 2>&1
     rc=$?
