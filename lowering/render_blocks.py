@@ -67,21 +67,30 @@ NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fil
 
 
 def token_prefetch(decl, drafts: bool) -> list[str]:
-    """The lines of the one token's inputs that this CTA reads, asked of L1 before the state rows'
-    loads (a step; none for a kernel of drafts). The fields load the token after the rows in program order; without the
-    prefetch those loads queue behind the CTA's state bytes, and the first barrier waits for them
-    (the stall sampling of both step kernels: docs/performance.md). Input i's lines (up to 32: a hint,
-    past that the loads fetch the rest) go to warp i % WARPS, one 128-byte line per lane; nothing
-    here depends on the fill or the slot, so the prefetches go before the row checks."""
+    """The lines of the token inputs that this CTA reads, asked of L1 before the state rows' loads.
+    The fields load the tokens after the rows in program order; without the prefetch those loads
+    queue behind the CTA's state bytes, and the first barrier waits for them (the stall sampling of
+    the step kernels and of verify: docs/performance.md). Input i's lines go to warp i % WARPS, one
+    128-byte line per lane (up to 32: a hint, past that the loads fetch the rest). One token: its
+    lines in order. Drafts (all ``t_tok`` of the tensor, as the drafts per row are not known yet):
+    each draft's lines on consecutive lanes. Nothing here depends on the fill or the slot, so the
+    prefetches go before the row checks."""
     lines = []
-    if drafts:
-        return lines
     for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
         heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
-        row = f"((size_t)b * t_tok * {heads} + {head})"  # token j = 0, as ExprRenderer indexes it
-        start, lanes = {"K": (f"{row} * K + lane * 32", "lane * 32 < K"),
-                        "V": (f"{row} * V + v0 + lane * 32", "lane * 32 < min(BV, V - v0)"),  # the CTA's rows
-                        "": (row, "lane == 0")}[spec.size]
+        if not drafts:
+            row, line, live = f"((size_t)b * t_tok * {heads} + {head})", "lane", "lane == 0"  # token j = 0
+        elif spec.size == "":  # one line per draft
+            row, line, live = f"((size_t)(b * t_tok + lane) * {heads} + {head})", None, "lane < t_tok"
+        else:
+            per_draft = {"K": "((K + 31) / 32)", "V": "((BV + 31) / 32)"}[spec.size]  # lines per draft
+            row = f"((size_t)(b * t_tok + lane / {per_draft}) * {heads} + {head})"  # as ExprRenderer indexes token j
+            line, live = f"(lane % {per_draft})", f"lane < t_tok * {per_draft}"
+        start, lanes = {"K": (f"{row} * K + {line} * 32", f"{line} * 32 < K"),
+                        "V": (f"{row} * V + v0 + {line} * 32", f"{line} * 32 < min(BV, V - v0)"),  # the CTA's rows
+                        "": (row, live)}[spec.size]
+        if drafts and spec.size:
+            lanes = f"{live} && {lanes}"
         lines.append(f"if (warp == {i} % WARPS && {lanes}) prefetch_l1(tok_{spec.name} + {start});")
     return lines
 

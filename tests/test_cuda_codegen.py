@@ -92,16 +92,27 @@ def kernel_body(text: str, kernel: str) -> str:
 
 
 @pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
-def test_step_kernels_prefetch_every_token_input_before_the_state_rows(variant):
+def test_every_token_kernel_prefetches_every_token_input_before_the_state_rows(variant):
     text = source(variant, "odd-grouped")
     tokens = [spec.name for spec in variants.get(variant).inputs if spec.kind == "token"]
-    for kernel in ("conventional_step", "replay_step"):
+    for kernel in ("conventional_step", "replay_step", "snapshot_verify", "verify"):  # (verify_few: verify renamed)
         body = kernel_body(text, kernel)
-        first_row_load = body.index("load_row(")
+        first_row_load = min(body.index(mark) for mark in ("load_row(", "reinterpret_cast<const float4*>(checkpoint")
+                             if mark in body)
         for name in tokens:
             assert body.index(f"prefetch_l1(tok_{name} + ") < first_row_load, (kernel, name)
-    for kernel in ("snapshot_verify", "verify"):  # drafts: their tokens are loaded per draft
-        assert "prefetch_l1(" not in kernel_body(text, kernel)
+
+
+def test_drafts_prefetch_spreads_each_drafts_lines_over_consecutive_lanes():
+    body = kernel_body(source("gdn", "odd-grouped"), "verify")
+    prefetches = [line.strip() for line in body.splitlines() if "prefetch_l1(" in line]
+    key = next(line for line in prefetches if "tok_k +" in line)
+    assert "lane < t_tok * ((K + 31) / 32)" in key and "(b * t_tok + lane / ((K + 31) / 32))" in key
+    assert "(lane % ((K + 31) / 32)) * 32" in key
+    value = next(line for line in prefetches if "tok_v +" in line)
+    assert "lane < t_tok * ((BV + 31) / 32)" in value and "v0 +" in value
+    gate = next(line for line in prefetches if "tok_b +" in line)
+    assert "lane < t_tok)" in gate and "(b * t_tok + lane)" in gate
 
 
 @pytest.mark.parametrize("variant", sorted(variants.BUILTINS))

@@ -528,6 +528,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     __shared__ float sh_beta[TMAX];
     __shared__ __align__(16) float sh_g[TMAX * K];
     __shared__ float sh_value[TMAX * BV];
+    if (warp == 0 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_q + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 1 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_k + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 2 % WARPS && lane < t_tok * ((BV + 31) / 32) && (lane % ((BV + 31) / 32)) * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)(b * t_tok + lane / ((BV + 31) / 32)) * HV + hv) * V + v0 + (lane % ((BV + 31) / 32)) * 32);
+    if (warp == 3 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_g_raw + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * HV + hv) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
     const int n = 0;
@@ -1126,6 +1131,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_G[NREC * K];
     __shared__ float sh_ed[K];
     __shared__ float sh_value[TMAX * BV];
+    if (warp == 0 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_q + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 1 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_k + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 2 % WARPS && lane < t_tok * ((BV + 31) / 32) && (lane % ((BV + 31) / 32)) * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)(b * t_tok + lane / ((BV + 31) / 32)) * HV + hv) * V + v0 + (lane % ((BV + 31) / 32)) * 32);
+    if (warp == 3 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_g_raw + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * HV + hv) * K + (lane % ((K + 31) / 32)) * 32);
+    if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
     int n = fill[slot];
