@@ -81,14 +81,17 @@ def token_prefetch(decl, drafts: bool) -> list[str]:
         if not drafts:
             row, line, live = f"((size_t)b * t_tok * {heads} + {head})", "lane", "lane == 0"  # token j = 0
         elif spec.size == "":  # one line per draft
-            row, line, live = f"((size_t)(b * t_tok + lane) * {heads} + {head})", None, "lane < t_tok"
+            row, line, live = f"((size_t)(b * t_tok + lane) * {heads} + {head})", "", "lane < t_tok"
         else:
             per_draft = {"K": "((K + 31) / 32)", "V": "((BV + 31) / 32)"}[spec.size]  # lines per draft
             row = f"((size_t)(b * t_tok + lane / {per_draft}) * {heads} + {head})"  # as ExprRenderer indexes token j
             line, live = f"(lane % {per_draft})", f"lane < t_tok * {per_draft}"
-        start, lanes = {"K": (f"{row} * K + {line} * 32", f"{line} * 32 < K"),
-                        "V": (f"{row} * V + v0 + {line} * 32", f"{line} * 32 < min(BV, V - v0)"),  # the CTA's rows
-                        "": (row, live)}[spec.size]
+        if spec.size == "K":
+            start, lanes = f"{row} * K + {line} * 32", f"{line} * 32 < K"
+        elif spec.size == "V":  # the CTA's rows
+            start, lanes = f"{row} * V + v0 + {line} * 32", f"{line} * 32 < min(BV, V - v0)"
+        else:
+            start, lanes = row, live
         if drafts and spec.size:
             lanes = f"{live} && {lanes}"
         lines.append(f"if (warp == {i} % WARPS && {lanes}) prefetch_l1(tok_{spec.name} + {start});")
