@@ -87,15 +87,17 @@ def test_source_is_deterministic_and_names_its_declaration():
 
 
 def kernel_body(text: str, kernel: str) -> str:
+    """Kernel ``kernel``'s text, from its name to the next kernel (or the end)."""
     start = text.index(f" {kernel}(")
-    return text[start:text.index('extern "C"', start) if 'extern "C"' in text[start:] else len(text)]
+    end = text.find('extern "C"', start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 @pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
 def test_every_token_kernel_prefetches_every_token_input_before_the_state_rows(variant):
     text = source(variant, "odd-grouped")
     tokens = [spec.name for spec in variants.get(variant).inputs if spec.kind == "token"]
-    for kernel in ("conventional_step", "replay_step", "snapshot_verify", "verify"):  # (verify_few: verify renamed)
+    for kernel in ("conventional_step", "replay_step", "snapshot_verify", "verify"):  # (verify_few: a group, verify's kernels)
         body = kernel_body(text, kernel)
         first_row_load = min(body.index(mark) for mark in ("load_row(", "reinterpret_cast<const float4*>(checkpoint")
                              if mark in body)
