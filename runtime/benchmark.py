@@ -6,7 +6,8 @@ the generated conventional step; the replay step in the mixed steady state (slot
 ``b mod L``, so ``1/L`` of the batch flushes at every step and the phases rotate); the flush alone;
 verify ``T ∈ {2, 4, 8}`` with its commit; the snapshot-verify baseline; FLA's ``fused_recurrent_*``
 for the same shape (captured in a torch CUDA graph when ``fla`` imports); and the memory floors (a
-state-sized copy and read, timed eagerly). Writes ``results.json``, ``results.md`` and
+state-sized copy and read, timed eagerly). ``--kernels`` times a subset (and tunes only the launch
+groups it needs), for quick side-by-side runs of one change. Writes ``results.json``, ``results.md`` and
 ``speedup.png`` (when matplotlib is present) and prints the table.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
+from replayssm_dsl.errors import InputError
 from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
@@ -173,7 +175,23 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
     return float(np.median(times)), mode
 
 
-def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
+KERNELS = ("replay", "flush", "conventional", "verify", "snapshot", "fla", "floors")
+"""What ``--kernels`` can choose; the default times all of them."""
+_GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conventional",),
+           "verify": ("verify", "verify_few"), "snapshot": ("conventional",)}  # the tuning groups each needs
+_GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
+
+
+def parse_kernels(text: str) -> tuple[str, ...]:
+    """``--kernels``: comma-separated names from ``KERNELS``; a clear error names an unknown one."""
+    names = tuple(k for k in text.split(",") if k)
+    unknown = [k for k in names if k not in KERNELS]
+    if unknown or not names:
+        raise InputError(f"--kernels: {', '.join(unknown) or 'nothing'} not among {', '.join(KERNELS)}")
+    return names
+
+
+def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> dict:  # noqa: C901 - one measurement
     from .autotune import VERIFY_FEW_DRAFTS, tune_step
     from .cuda_cache import CudaReplayCache
 
@@ -181,10 +199,8 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
     rng = np.random.default_rng(0)
     params = random_params(decl, shape, rng)
-    launch, tuning = tune_step(decl, shape, config, params, batch)
-    verify_launch, verify_tuning = tune_step(decl, shape, config, params, batch, group="verify")
-    few_launch, few_tuning = tune_step(decl, shape, config, params, batch, group="verify_few")
-    conv_launch, conv_tuning = tune_step(decl, shape, config, params, batch, group="conventional")
+    groups = {g for k in kernels for g in _GROUPS.get(k, ())}
+    tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in _GROUP_ORDER if g in groups}
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     HV, V, K = shape.heads, shape.v_dim, shape.k_dim
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
@@ -195,48 +211,59 @@ def bench_one(cp, preset_name: str, batch: int, reps: int) -> dict:
     one = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch,)).items()}
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
+    prefix = {"replay": "", "verify": "ver ", "verify_few": f"ver{VERIFY_FEW_DRAFTS} ", "conventional": "conv "}
     res = {"preset": preset_name, "variant": p.variant, "B": batch,
-           "launch": f"{launch.label}; ver {verify_launch.label}; ver{VERIFY_FEW_DRAFTS} {few_launch.label}; "
-                     f"conv {conv_launch.label}",
-           "tuning_ms": {k.label: v for k, v in tuning.items()},
-           "verify_tuning_ms": {k.label: v for k, v in verify_tuning.items()},
-           "verify_few_tuning_ms": {k.label: v for k, v in few_tuning.items()},
-           "conventional_tuning_ms": {k.label: v for k, v in conv_tuning.items()}}
+           "launch": "; ".join(prefix[g] + launch.label for g, (launch, _) in tuned.items())}
+    for g, (_, timings) in tuned.items():
+        res[("" if g == "replay" else g + "_") + "tuning_ms"] = {k.label: v for k, v in timings.items()}
 
-    stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
-    res["replay_step"] = time_graphs(cp, stream, graphs, reps)
-    stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1), INPUT_SETS)
-    res["conventional_step"] = time_graphs(cp, stream, graphs, reps)
-    stream, graphs = capture_graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
-    res["flush"] = time_graphs(cp, stream, graphs, reps)
-    for t in (2, 4, 8):
+    if "replay" in kernels:
+        stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
+        res["replay_step"] = time_graphs(cp, stream, graphs, reps)
+    if "conventional" in kernels:
+        stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1),
+                                        INPUT_SETS)
+        res["conventional_step"] = time_graphs(cp, stream, graphs, reps)
+    if "flush" in kernels:
+        stream, graphs = capture_graphs(cp, lambda i: cache._launch("flush", batch, batch_dev), 1)
+        res["flush"] = time_graphs(cp, stream, graphs, reps)
+    for t in (2, 4, 8) if "verify" in kernels else ():
         toks, vb, outt = verify_inputs(cp, decl, shape, rng, batch_dev, t, sets=2)
         stream, graphs = capture_graphs(cp, lambda i, toks=toks, vb=vb, outt=outt, t=t:
                                         verify_and_commit(cache, vb, toks[i], outt, t), 2)
         res[f"verify_T{t}"] = time_graphs(cp, stream, graphs, reps)
-    t = 8
-    snaps = cp.empty((batch, t, HV, V, K), cp.float32)
-    vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32))
-    stoks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
-    outt = cp.empty((batch, t, HV, V), cp.float32)
-    stream, graphs = capture_graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt, snapshots=snaps), 1)
-    res["snapshot_verify_T8"] = time_graphs(cp, stream, graphs, max(5, reps // 4))
-    del snaps
+    if "snapshot" in kernels:
+        t = 8
+        snaps = cp.empty((batch, t, HV, V, K), cp.float32)
+        vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32))
+        stoks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
+        outt = cp.empty((batch, t, HV, V), cp.float32)
+        stream, graphs = capture_graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt,
+                                                                    snapshots=snaps), 1)
+        res["snapshot_verify_T8"] = time_graphs(cp, stream, graphs, max(5, reps // 4))
+        del snaps
     state_bytes = batch * HV * V * K * 4
-    res["copy_floor"], res["read_floor"] = _floors(cp, state_bytes, reps)
-    program = cache.program
-    amort = replay_step_amortized(program)
-    read_bw = state_bytes / res["read_floor"]  # bytes per ms
-    copy_bw = 2 * state_bytes / res["copy_floor"]
-    heads = batch * HV
-    res["replay_floor"] = heads * (amort.state_read + amort.record_read) / read_bw + \
-        heads * (amort.state_write + amort.record_write) * 2 / copy_bw  # a write costs what a copy's byte pair does
-    res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
-    res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps)
+    if "floors" in kernels:
+        res["copy_floor"], res["read_floor"] = _floors(cp, state_bytes, reps)
+        program = cache.program
+        amort = replay_step_amortized(program)
+        read_bw = state_bytes / res["read_floor"]  # bytes per ms
+        copy_bw = 2 * state_bytes / res["copy_floor"]
+        heads = batch * HV
+        res["replay_floor"] = heads * (amort.state_read + amort.record_read) / read_bw + \
+            heads * (amort.state_write + amort.record_write) * 2 / copy_bw  # a write costs what a copy's byte pair does
+        res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
+    if "fla" in kernels:
+        res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps)
     res["state_MB"] = state_bytes / 1e6
     del cache
     cp.get_default_memory_pool().free_all_blocks()
     return res
+
+
+def _ratio(r: dict, a: str, b: str) -> float:
+    """r[a] / r[b], NaN where either was not timed (``--kernels``) or FLA was absent."""
+    return r[a] / r[b] if r.get(a) and r.get(b) else float("nan")
 
 
 COLUMNS = [("B", "B", "{:d}"), ("launch", "launch", "{}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
@@ -255,10 +282,9 @@ def markdown(results: list[dict]) -> str:
                   "|" + "---|" * (len(COLUMNS) + 6)]
         for r in rows:
             cells = [fmt.format(r[k]) if r.get(k) is not None else "n/a" for _, k, fmt in COLUMNS]
-            ratios = [r["replay_step"] / r["replay_floor"], r["conventional_step"] / r["copy_floor"],
-                      r["conventional_step"] / r["replay_step"],
-                      (r["fla_step"] / r["replay_step"]) if r.get("fla_step") else float("nan"),
-                      r["verify_T8"] / r["conventional_step"], r["snapshot_verify_T8"] / r["verify_T8"]]
+            ratios = [_ratio(r, "replay_step", "replay_floor"), _ratio(r, "conventional_step", "copy_floor"),
+                      _ratio(r, "conventional_step", "replay_step"), _ratio(r, "fla_step", "replay_step"),
+                      _ratio(r, "verify_T8", "conventional_step"), _ratio(r, "snapshot_verify_T8", "verify_T8")]
             lines.append("| " + " | ".join(cells + [f"{x:.2f}" for x in ratios]) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -287,6 +313,7 @@ def plot(results: list[dict], path: Path) -> bool:
 
 
 def main(args) -> int:
+    kernels = parse_kernels(args.kernels)
     import cupy as cp
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,13 +326,12 @@ def main(args) -> int:
     t0 = time.time()
     for preset_name in presets:
         for batch in batches:
-            r = bench_one(cp, preset_name, batch, reps)
+            r = bench_one(cp, preset_name, batch, reps, kernels)
             results.append(r)
             # rewritten after every row: a run cut short keeps what it measured
             (out / "results.json").write_text(json.dumps(results, indent=1))
-            print(f"{preset_name:<20} B={batch:<4} launch {r['launch']}  conv {r['conventional_step']:.3f}  replay {r['replay_step']:.3f}  "
-                  f"ver8 {r['verify_T8']:.3f}  copy {r['copy_floor']:.3f}  read {r['read_floor']:.3f}  "
-                  f"fla {r['fla_step'] or float('nan'):.3f}  ({time.time() - t0:.0f}s)", flush=True)
+            times = "  ".join(f"{name} {r[key]:.3f}" for name, key, _ in COLUMNS[2:] if r.get(key))
+            print(f"{preset_name:<20} B={batch:<4} launch {r['launch']}  {times}  ({time.time() - t0:.0f}s)", flush=True)
     table = markdown(results)
     (out / "results.md").write_text(table)
     plotted = plot(results, out / "speedup.png")
