@@ -291,6 +291,11 @@ def markdown(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> bool:
+    """The replay step's speedup over the conventional step against B, a line per preset; False (no
+    plot) without matplotlib or when ``--kernels`` left out either step."""
+    results = [r for r in results if r.get("replay_step") and r.get("conventional_step")]
+    if not results:
+        return False
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -336,5 +341,6 @@ def main(args) -> int:
     (out / "results.md").write_text(table)
     plotted = plot(results, out / "speedup.png")
     print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + (f", {out / 'speedup.png'}" if plotted else " (no matplotlib: no plot)"))
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + (f", {out / 'speedup.png'}" if plotted else
+                                                                    " (no plot: no matplotlib, or no replay and conventional step)"))
     return 0

@@ -39,3 +39,10 @@ def test_table_of_a_subset_leaves_what_was_not_timed_out():
     ratios = cells[len(COLUMNS):]
     assert float(ratios[4]) == pytest.approx(row["verify_T8"] / row["conventional_step"], abs=6e-3)
     assert all(math.isnan(float(x)) for i, x in enumerate(ratios) if i != 4)
+
+
+def test_no_plot_without_both_steps(tmp_path):
+    from replayssm_dsl.runtime.benchmark import plot
+    row = {"preset": "qwen3.5-4b", "variant": "gdn", "B": 256, "conventional_step": 0.27, "verify_T8": 0.36}
+    assert plot([row], tmp_path / "speedup.png") is False
+    assert not (tmp_path / "speedup.png").exists()
