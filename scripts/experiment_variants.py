@@ -169,6 +169,14 @@ def time_step(cp, cache, kernel, batch, batch_dev, tokens, out, fill=None) -> fl
     return time_graphs(cp, stream, graphs, 60)
 
 
+def preset_setup(name: str):
+    """A preset's declaration, shape, replay settings (L = 16, T_max = 8), seeded generator and parameters."""
+    p = PRESETS[name]
+    decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
+    rng = np.random.default_rng(0)
+    return decl, shape, config, rng, random_params(decl, shape, rng)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,kimi-linear")
@@ -186,10 +194,7 @@ def main() -> None:
     conv_launch = LaunchConfig(*map(int, args.conv_launch.split(",")))
     table = []
     for name in args.presets.split(","):
-        p = PRESETS[name]
-        decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
-        rng = np.random.default_rng(0)
-        params = random_params(decl, shape, rng)
+        decl, shape, config, rng, params = preset_setup(name)
         tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
                   for _ in range(4)]
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)

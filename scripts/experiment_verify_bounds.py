@@ -25,13 +25,8 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from experiment_variants import in_kernel, patched_renderer  # this folder's script (run as scripts/...)
-from replayssm_dsl import ReplayConfig, variants
-from replayssm_dsl.config import PRESETS
+from experiment_variants import in_kernel, patched_renderer, preset_setup  # this folder's script (run as scripts/...)
 from replayssm_dsl.lowering.launch import LaunchConfig
-from replayssm_dsl.random_inputs import random_params
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, time_graphs,
                                              verify_and_commit, verify_inputs)
@@ -84,10 +79,7 @@ def main() -> None:
     rows, t = args.batch, args.drafts
     table = []
     for name in args.presets.split(","):
-        p = PRESETS[name]
-        decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
-        rng = np.random.default_rng(0)
-        params = random_params(decl, shape, rng)
+        decl, shape, config, rng, params = preset_setup(name)
         _, read_ms = _floors(cp, rows * shape.heads * shape.v_dim * shape.k_dim * 4, 60)
         for label, edits in VARIANTS.items():
             cuda_module.render_program = patched_renderer(edits)
