@@ -177,6 +177,18 @@ def preset_setup(name: str):
     return decl, shape, config, rng, random_params(decl, shape, rng)
 
 
+def scratch_cache(decl, shape, config, rows, params, launch):
+    """A cache of ``rows`` slots at ``launch`` whose kernels render through the current (patched)
+    renderer, with small constant state and records."""
+    from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+    cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
+    cache.buffers["checkpoint"][...] = 0.01
+    cache.buffers["state"][...] = 0.01
+    cache.buffers["rec_write"][...] = 0.01
+    cache.buffers["rec_key"][...] = 0.05
+    return cache
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,kimi-linear")
@@ -201,7 +213,6 @@ def main() -> None:
         state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
         copy_ms, read_ms = _floors(cp, state_bytes, 60)
         table.append((name, "floors", f"copy {copy_ms:.4f}", f"read {read_ms:.4f}", ""))
-        from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
         chosen = VARIANTS | (CACHE_HINTS if args.cache_hints else {})
         if args.variants:
             chosen = {label: chosen[label] for label in args.variants.split(";")}
@@ -209,11 +220,7 @@ def main() -> None:
             cuda_module.render_program = patched_renderer(edits)
             times = {}
             for kernel, launch in (("conventional_step", conv_launch), ("replay_step", replay_launch)):
-                cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
-                cache.buffers["checkpoint"][...] = 0.01
-                cache.buffers["state"][...] = 0.01
-                cache.buffers["rec_write"][...] = 0.01
-                cache.buffers["rec_key"][...] = 0.05
+                cache = scratch_cache(decl, shape, config, rows, params, launch)
                 batch_dev = mixed_steady_state(cache, rows)
                 times[kernel] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out)
                 if kernel == "replay_step":

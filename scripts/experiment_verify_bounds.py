@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiment_variants import in_kernel, patched_renderer, preset_setup  # this folder's script (run as scripts/...)
+from experiment_variants import in_kernel, patched_renderer, preset_setup, scratch_cache  # this folder's script (run as scripts/...)
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, time_graphs,
@@ -50,17 +50,6 @@ CACHED_ROWS = _replace(ROW_ADDRESS, "checkpoint + (size_t)rw * K + 4 * (quad + 4
 NO_RECORDS = _replace(RECORD_STAGE, "    if (!flush && t < 0) {\n        stage_floats", "records not staged")
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS]}
-
-
-def scratch_cache(decl, shape, config, rows, params, launch):
-    """A cache whose kernels render through the patched renderer (a fresh one per variant)."""
-    from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
-    cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
-    cache.buffers["checkpoint"][...] = 0.01
-    cache.buffers["state"][...] = 0.01
-    cache.buffers["rec_write"][...] = 0.01
-    cache.buffers["rec_key"][...] = 0.05
-    return cache
 
 
 def main() -> None:
