@@ -4,16 +4,10 @@
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
 # (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 what=" ${*:-all} "
 wants() { [[ $what == *" all "* || $what == *" $1 "* ]]; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  export PYTHONPATH=/tmp/site
-fi
-nvidia-smi -L
+. "$(dirname "$0")/device-setup.sh"
 summary=()
 if wants tests; then
   python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"

@@ -4,15 +4,9 @@
 # Usage (device tool): bash scripts/gpu-variants.sh PATCH_DIR   (BENCH_ARGS: extra `replayssm bench` arguments)
 # Make the patches here with `git diff main...BRANCH > PATCH_DIR/BRANCH.patch` (PATCH_DIR ignored, carried).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 patches=${1:?a folder of .patch files}
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  export PYTHONPATH=/tmp/site
-fi
-nvidia-smi -L
+. "$(dirname "$0")/device-setup.sh"
 bench() {  # $1: name; results in $OUT/$1.json, the rows' lines in $OUT/$1.log, the whole log in /tmp/bench-$1.log
   rm -rf "/tmp/bench-$1"
   python3 -m replayssm_dsl.runtime.cli bench --out "/tmp/bench-$1" ${BENCH_ARGS:-} > "/tmp/bench-$1.log" 2>&1
