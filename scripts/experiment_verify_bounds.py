@@ -13,6 +13,12 @@ rest takes. So for each preset at one batch size it times, with CUDA graphs and 
   occupancy;
 * ``records not staged (bound)``: the buffer's records are not copied to shared memory;
 * ``rows from cache, records not staged (bound)``;
+* each phase left out in turn (the drafts' fields, the cumulate, the scores, the drafts' recurrence,
+  and the first three together): what each phase costs in time, where stall sampling gives shares of
+  samples;
+* ``flush_for_verify: checks only (bound)``: the fold launched before verify keeps its checks and
+  early exits (no row folds in this benchmark) but drops the fold's registers and shared memory, so
+  more of its CTAs fit on an SM; and ``flush_for_verify not launched (bound)``;
 
 and the read floor, with verify's state bytes (one state-sized read) for scale. The bounds are not
 correct kernels: they only say where the time goes.
@@ -38,18 +44,66 @@ ROW_ADDRESS = "checkpoint + (((size_t)page * HV + hv) * V + row) * K + 4 * (quad
 RECORD_STAGE = "    if (!flush) {\n        stage_floats"
 
 
-def _replace(old: str, new: str, label: str):
+def _replace(old: str, new: str, label: str, kernel: str = "verify"):
     def edit(text: str) -> str:
         if old not in text:
-            raise SystemExit(f"variant edit does not apply: {label}")
+            raise NotApplicable(label)
         return text.replace(old, new, 1)
-    return in_kernel("verify", edit)
+    return in_kernel(kernel, edit)
+
+
+class NotApplicable(Exception):
+    """A variant's edit finds nothing to change in this family's source (its row prints n/a)."""
+
+
+def _light_flush_check(text: str) -> str:
+    """flush_for_verify with its checks only: the fold after ``if (!(flush)) return;`` becomes one store
+    that no row reaches in this benchmark (no fill reaches n + t > capacity), so the kernel keeps its
+    loads and early exits but needs few registers and no shared memory."""
+    check = "if (!(flush)) return;\n"
+    start = text.index(check) + len(check)
+    return text[:start] + "    checkpoint[0] = 0.f;  // a bound: never reached here" + text[text.index("\n}\n", start):]
 
 
 CACHED_ROWS = _replace(ROW_ADDRESS, "checkpoint + (size_t)rw * K + 4 * (quad + 4 * m)", "rows from cache")
 NO_RECORDS = _replace(RECORD_STAGE, "    if (!flush && t < 0) {\n        stage_floats", "records not staged")
+NO_FIELDS = _replace("for (int j = warp; j < t; j += WARPS) {", "for (int j = warp; j < 0; j += WARPS) {", "no fields")
+NO_CUMULATE = _replace("for (int e = tid; e < K; e += THREADS) {\n        float acc", "for (int e = tid; e < 0; e += THREADS) {\n        float acc",
+                       "no cumulate")
+NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo = warp; combo < 0 * ((NREC", "no scores (tensor cores)"),
+             _replace("for (int j = 0; j < t; ++j) {\n        for (int i = SCORE_RECORDS", "for (int j = 0; j < 0; ++j) {\n        for (int i = SCORE_RECORDS",
+                      "no scores (SIMT)")]
+NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
+LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
-            "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS]}
+            "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
+            # each phase of verify left out (results wrong, time right): what each costs
+            "no drafts' fields (bound)": [NO_FIELDS], "no cumulate (bound)": [NO_CUMULATE],
+            "no scores (bound)": [NO_SCORES], "no drafts' recurrence (bound)": [NO_RECURRENCE],
+            "fields, cumulate, scores left out (bound)": [NO_FIELDS, NO_CUMULATE, NO_SCORES],
+            # the fold launched before verify: its early exits at low resources, or not launched at all
+            "flush_for_verify: checks only (bound)": [LIGHT_FLUSH_CHECK],
+            "flush_for_verify not launched (bound)": "skip flush_for_verify"}
+
+
+def _either(edits):
+    """The first of ``edits`` (alternatives for the families) that applies."""
+    def apply(source: str) -> str:
+        for edit in edits:
+            try:
+                return edit(source)
+            except NotApplicable:
+                continue
+        raise NotApplicable("none of the alternatives")
+    return apply
+
+
+def _launches(cache, drafted, tokens, out, t: int, skip_flush: bool) -> None:
+    if skip_flush:
+        cache._launch("verify", int(drafted["slot"].shape[0]), drafted, tokens, out=out)
+        cache.launch_commit(drafted, t)
+    else:
+        verify_and_commit(cache, drafted, tokens, out, t)
 
 
 def main() -> None:
@@ -71,11 +125,17 @@ def main() -> None:
         decl, shape, config, rng, params = preset_setup(name)
         _, read_ms = _floors(cp, rows * shape.heads * shape.v_dim * shape.k_dim * 4, 60)
         for label, edits in VARIANTS.items():
+            skip_flush = edits == "skip flush_for_verify"
+            edits = [] if skip_flush else [_either(e) if isinstance(e, list) else e for e in edits]
             cuda_module.render_program = patched_renderer(edits)
-            cache = scratch_cache(decl, shape, config, rows, params, launches[name])
+            try:  # every kernel renders (and the edits apply) as the cache builds its first module
+                cache = scratch_cache(decl, shape, config, rows, params, launches[name])
+            except NotApplicable as exc:
+                print(name, label, f"n/a ({exc})", flush=True)
+                continue
             batch = mixed_steady_state(cache, rows)
             tokens, drafted, out = verify_inputs(cp, decl, shape, rng, batch, t, sets=2)
-            stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, drafted, tokens[i], out, t), 2)
+            stream, graphs = capture_graphs(cp, lambda i: _launches(cache, drafted, tokens[i], out, t, skip_flush), 2)
             ms = time_graphs(cp, stream, graphs, 60)
             table.append((name, launches[name].label, label, f"{ms:.4f}", f"{ms / read_ms:.2f}"))
             print(*table[-1], flush=True)
