@@ -16,6 +16,8 @@ rest takes. So for each preset at one batch size it times, with CUDA graphs and 
 * each phase left out in turn (the drafts' fields, the cumulate, the scores, the drafts' recurrence,
   and the first three together): what each phase costs in time, where stall sampling gives shares of
   samples;
+* ``drafts' key and query loaded before the rows``: a correct kernel, not a bound; each warp's first
+  draft's token loads go out before the state rows' instead of queueing behind them;
 * ``flush_for_verify: checks only (bound)``: the fold launched before verify keeps its checks and
   early exits (no row folds in this benchmark) but drops the fold's registers and shared memory, so
   more of its CTAs fit on an SM; and ``flush_for_verify not launched (bound)``;
@@ -75,6 +77,21 @@ NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo =
                       "no scores (SIMT)")]
 NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
 LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
+KEY_LOAD = "tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e]"
+QUERY_LOAD = "tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e]"
+HOISTED = """    float pre_k[KE], pre_q[KE];  // this warp's first draft: key and query loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        const bool mine = warp < t && e < K;
+        pre_k[i] = mine ? tok_k[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+        pre_q[i] = mine ? tok_q[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+    }
+    constexpr int MT = (RPW + 15) / 16;"""
+# a correct kernel, not a bound: each warp's first draft's key and query loads go out before the rows'
+TOKENS_FIRST = [_replace("    constexpr int MT = (RPW + 15) / 16;", HOISTED, "token loads first"),
+                _replace(KEY_LOAD, f"(j == warp ? pre_k[i] : {KEY_LOAD})", "token loads first"),
+                _replace(QUERY_LOAD, f"(j == warp ? pre_q[i] : {QUERY_LOAD})", "token loads first")]
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -83,7 +100,8 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "fields, cumulate, scores left out (bound)": [NO_FIELDS, NO_CUMULATE, NO_SCORES],
             # the fold launched before verify: its early exits at low resources, or not launched at all
             "flush_for_verify: checks only (bound)": [LIGHT_FLUSH_CHECK],
-            "flush_for_verify not launched (bound)": "skip flush_for_verify"}
+            "flush_for_verify not launched (bound)": "skip flush_for_verify",
+            "drafts' key and query loaded before the rows": TOKENS_FIRST}
 
 
 def _either(edits):
@@ -111,6 +129,7 @@ def main() -> None:
     parser.add_argument("--presets", default="qwen3.5-4b,nemotron-nano-4b,kimi-linear")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--drafts", type=int, default=8)
+    parser.add_argument("--variant", action="append", default=[], help="a label to time (repeatable; default: all)")
     parser.add_argument("--launch", action="append", default=[], help="PRESET=WARPS,ROWS[,REGS] (repeatable)")
     args = parser.parse_args()
     import cupy as cp
@@ -125,6 +144,8 @@ def main() -> None:
         decl, shape, config, rng, params = preset_setup(name)
         _, read_ms = _floors(cp, rows * shape.heads * shape.v_dim * shape.k_dim * 4, 60)
         for label, edits in VARIANTS.items():
+            if args.variant and label not in args.variant:
+                continue
             skip_flush = edits == "skip flush_for_verify"
             edits = [] if skip_flush else [_either(e) if isinstance(e, list) else e for e in edits]
             cuda_module.render_program = patched_renderer(edits)
