@@ -6,7 +6,8 @@ Three contexts, by what one warp holds while it evaluates:
 - ``""``: scalars per head.
 A scalar node renders as ``float``; a K-vector node as ``float x[KE]``. ``L2NORM`` over K reduces
 with ``warp_sum``. Inputs read the token buffers ``[B, T, heads(, size)]`` at token ``j`` and the
-parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``.
+parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``. A ``hoisted``
+K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def c_float(value: float) -> str:
 class ExprRenderer:
     """Renders expressions of one declaration; ``prefix`` keeps variable names unique per use."""
 
-    def __init__(self, declaration, prefix: str):
+    def __init__(self, declaration, prefix: str, hoisted: tuple = ()):
         self.decl, self.prefix = declaration, prefix
+        self.hoisted = hoisted  # K-sized token inputs whose draft j = warp is already in pre_<name>[KE]
         self.names: dict[int, str] = {}
         self.lines: list[str] = []
 
@@ -46,7 +48,10 @@ class ExprRenderer:
             buf = f"tok_{spec.name}"
         else:
             base, buf = f"(size_t){head}", f"par_{spec.name}"
-        return f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {size} + {index}]"
+        load = f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {size} + {index}]"
+        if spec.name in self.hoisted and spec.size == "K" and index == "e":
+            return f"(j == warp ? pre_{spec.name}[i] : {load})"
+        return load
 
     def render(self, node: Expr, ctx: str) -> str:
         """Emit statements computing ``node`` in context ``ctx``; return the C name of its value."""

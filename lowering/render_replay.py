@@ -14,8 +14,8 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields,
-                            fill_load_lines, fold_keys, fold_rows, guarded, ids, load_records, output_store,
+from .render_blocks import (CHECKPOINT_ROW, NEXT_FILL, Facts, decay_between, epilogue, fields, first_draft_loads,
+                            fill_load_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, load_records, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 
@@ -127,8 +127,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
     body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
-    state = state_page_lines(f) + loads(CHECKPOINT_ROW.format(page="page"))
-    token_fields = fields(decl, "replay", one_token=not f.drafts) + stage_row_fields(decl)
+    hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
+    state = state_page_lines(f) + first_draft_loads(decl, hoisted) + loads(CHECKPOINT_ROW.format(page="page"))
+    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted) + stage_row_fields(decl)
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill

@@ -15,7 +15,8 @@ import pytest
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
-from replayssm_dsl.lowering.launch import choose_launch
+from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch
+from replayssm_dsl.lowering.render_blocks import hoistable_inputs
 from replayssm_dsl.lowering.render_cuda import render_program
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -115,6 +116,27 @@ def test_drafts_prefetch_spreads_each_drafts_lines_over_consecutive_lanes():
     assert "lane < t_tok * ((BV + 31) / 32)" in value and "v0 +" in value
     gate = next(line for line in prefetches if "tok_b +" in line)
     assert "lane < t_tok)" in gate and "(b * t_tok + lane)" in gate
+
+
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_verify_loads_each_warps_first_draft_before_the_state_rows(variant):
+    """Verify on tensor cores: each warp's first draft's K-sized token inputs (those its head-level
+    fields read) are loaded before the state rows, and the fields take draft j = warp from those
+    registers. The steps, the snapshot baseline and verify's SIMT rows (under a register cap) hoist
+    nothing."""
+    names = hoistable_inputs(variants.get(variant))
+    assert names, "every built-in reads a key and a query over K"
+    text = source(variant, "odd-grouped")
+    body = kernel_body(text, "verify")
+    first_row_load = body.index("reinterpret_cast<const float4*>(checkpoint")
+    for name in names:
+        assert body.index(f"pre_{name}[i] = (warp < t && e < K) ? tok_{name}[") < first_row_load, name
+        assert f"(j == warp ? pre_{name}[i] : tok_{name}[" in body, name
+    for kernel in ("conventional_step", "replay_step", "snapshot_verify"):
+        assert "pre_" not in kernel_body(text, kernel), kernel
+    capped = render_program(lower(variants.get(variant), SHAPES["odd-grouped"], ReplayConfig()),
+                            LaunchConfig(4, 8, max_registers=80))
+    assert "pre_" not in kernel_body(capped, "verify")
 
 
 @pytest.mark.parametrize("variant", sorted(variants.BUILTINS))

@@ -1103,6 +1103,18 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (flush) {
         page = dst;
     }
+    float pre_q[KE];  // draft j = warp's q, loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        pre_q[i] = (warp < t && e < K) ? tok_q[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+    }
+    float pre_k[KE];  // draft j = warp's k, loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        pre_k[i] = (warp < t && e < K) ? tok_k[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+    }
     constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
     const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
     float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
@@ -1128,7 +1140,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? (j == warp ? pre_k[i] : tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
         float f1[KE];
         {
             float ss = 0.f;
@@ -1140,7 +1152,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
         float f2[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f2[i] = (e < K) ? (j == warp ? pre_q[i] : tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
         float f3[KE];
         {
             float ss = 0.f;

@@ -1070,6 +1070,18 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (flush) {
         page = dst;
     }
+    float pre_B[KE];  // draft j = warp's B, loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        pre_B[i] = (warp < t && e < K) ? tok_B[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+    }
+    float pre_C[KE];  // draft j = warp's C, loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        pre_C[i] = (warp < t && e < K) ? tok_C[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
+    }
     constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
     const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
     float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
@@ -1095,10 +1107,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int j = warp; j < t; j += WARPS) {
         float f0[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? tok_B[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f0[i] = (e < K) ? (j == warp ? pre_B[i] : tok_B[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
         float f1[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? (j == warp ? pre_C[i] : tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
         const float g0 = par_A_log[(size_t)hv];
         const float g1 = expf(g0);
         const float g2 = (-g1);
