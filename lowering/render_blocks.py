@@ -109,7 +109,7 @@ def hoistable_inputs(decl) -> tuple:
 def first_draft_loads(decl, names: tuple) -> list[str]:
     """Each warp loads its first draft's (j = warp) K-sized token inputs ``names`` into registers
     before the state rows' loads, so the fields' first loads do not queue behind the rows' bytes
-    (measured on verify: 2–3 % for GDN; docs/performance.md). The fields read them back through
+    (GDN's verify T = 4 and 8 3–4 % faster, side by side; docs/performance.md). The fields read them back through
     ``ExprRenderer``'s ``hoisted``."""
     lines = []
     for name in names:

@@ -1,10 +1,11 @@
 """Bounds on verify's time: verify T = 8 as generated, beside copies that leave one of its parts out.
 
-A measurement script for the GPU machine (not part of the library). Verify spends about half its
-stall samples before its first barrier, waiting on loads (docs/performance.md). Whether a verify that
-overlaps one tile's loads with another tile's work could get much faster depends on how long the
-rest takes. So for each preset at one batch size it times, with CUDA graphs and medians as
-``replayssm bench`` does (verify with its commit, accepting none):
+A measurement script for the GPU machine (not part of the library): where verify's time goes, as
+time rather than stall samples. (It answered two questions: the state rows' and records' DRAM
+traffic cost verify 5–11 %, so a verify overlapping one tile's loads with another's work is not
+worth building; its head-level phases cost 27–53 %: docs/performance.md.) For each preset at one
+batch size it times, with CUDA graphs and medians as ``replayssm bench`` does (verify with its
+commit, accepting none):
 
 * ``base``: the generated verify;
 * ``rows from cache (bound)``: every CTA reads its rows from the first rows of the buffer (the same
@@ -16,8 +17,6 @@ rest takes. So for each preset at one batch size it times, with CUDA graphs and 
 * each phase left out in turn (the drafts' fields, the cumulate, the scores, the drafts' recurrence,
   and the first three together): what each phase costs in time, where stall sampling gives shares of
   samples;
-* ``drafts' key and query loaded before the rows``: a correct kernel, not a bound; each warp's first
-  draft's token loads go out before the state rows' instead of queueing behind them;
 * ``flush_for_verify: checks only (bound)``: the fold launched before verify keeps its checks and
   early exits (no row folds in this benchmark) but drops the fold's registers and shared memory, so
   more of its CTAs fit on an SM; and ``flush_for_verify not launched (bound)``;
@@ -63,6 +62,8 @@ def _light_flush_check(text: str) -> str:
     that no row reaches in this benchmark (no fill reaches n + t > capacity), so the kernel keeps its
     loads and early exits but needs few registers and no shared memory."""
     check = "if (!(flush)) return;\n"
+    if check not in text or "\n}\n" not in text[text.index(check):]:
+        raise NotApplicable("flush_for_verify: checks only")
     start = text.index(check) + len(check)
     return text[:start] + "    checkpoint[0] = 0.f;  // a bound: never reached here" + text[text.index("\n}\n", start):]
 
@@ -77,21 +78,6 @@ NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo =
                       "no scores (SIMT)")]
 NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
 LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
-KEY_LOAD = "tok_k[((size_t)(b * t_tok + j) * H + hk) * K + e]"
-QUERY_LOAD = "tok_q[((size_t)(b * t_tok + j) * H + hk) * K + e]"
-HOISTED = """    float pre_k[KE], pre_q[KE];  // this warp's first draft: key and query loaded before the state rows
-    #pragma unroll
-    for (int i = 0; i < KE; ++i) {
-        const int e = k_index(i, lane);
-        const bool mine = warp < t && e < K;
-        pre_k[i] = mine ? tok_k[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
-        pre_q[i] = mine ? tok_q[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
-    }
-    constexpr int MT = (RPW + 15) / 16;"""
-# a correct kernel, not a bound: each warp's first draft's key and query loads go out before the rows'
-TOKENS_FIRST = [_replace("    constexpr int MT = (RPW + 15) / 16;", HOISTED, "token loads first"),
-                _replace(KEY_LOAD, f"(j == warp ? pre_k[i] : {KEY_LOAD})", "token loads first"),
-                _replace(QUERY_LOAD, f"(j == warp ? pre_q[i] : {QUERY_LOAD})", "token loads first")]
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -100,8 +86,9 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "fields, cumulate, scores left out (bound)": [NO_FIELDS, NO_CUMULATE, NO_SCORES],
             # the fold launched before verify: its early exits at low resources, or not launched at all
             "flush_for_verify: checks only (bound)": [LIGHT_FLUSH_CHECK],
-            "flush_for_verify not launched (bound)": "skip flush_for_verify",
-            "drafts' key and query loaded before the rows": TOKENS_FIRST}
+            "flush_for_verify not launched (bound)": "skip flush_for_verify"}
+# (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
+# own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
 
 
 def _either(edits):
@@ -132,6 +119,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="a label to time (repeatable; default: all)")
     parser.add_argument("--launch", action="append", default=[], help="PRESET=WARPS,ROWS[,REGS] (repeatable)")
     args = parser.parse_args()
+    unknown = [label for label in args.variant if label not in VARIANTS]
+    if unknown:
+        parser.error(f"--variant: unknown {unknown}; known: {list(VARIANTS)}")
     import cupy as cp
 
     launches = dict(TUNED)

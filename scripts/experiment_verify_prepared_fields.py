@@ -1,16 +1,19 @@
-"""Verify with its drafts' fields prepared by a small kernel first (GDN), beside the generated verify.
+"""Verify with its drafts' fields prepared by small kernels first (GDN), beside the generated verify.
 
 A measurement script for the GPU machine (not part of the library). Leaving verify's per-draft fields
 out (the L2-normalised key and query, the log-decay and the strength of each draft, computed by one
 warp per draft inside every verify CTA) took 24 % off verify T = 8 for qwen3.5-4b as a bound
 (``experiment_verify_bounds.py``). This script asks how much of that a real design keeps: a
-``prepare`` kernel (one warp per draft and key head, all drafts of the batch at once, at full
-occupancy) writes the normalised keys and queries, and the decays and strengths, in the token
-layout; verify then copies them into shared memory with ``cp.async`` (no arithmetic, no wait in
-the CTA's critical path but the copy's). For each preset (GDN only) it
+``prepare`` step (all drafts of the batch at once, at full occupancy: one warp per draft and key
+head for the normalised keys and scaled queries, one thread per draft and value head for the decays
+and strengths) writes them in the token layout; verify then copies them into shared memory with
+``cp.async`` (no arithmetic, no wait in the CTA's critical path but the copy's; the generator's own
+early loads of the first draft's key and query, since 8d0cc0b, are left unused). For each preset
+(GDN only) it
 
 * checks the variant against the generated verify on the same inputs (outputs and written records,
-  largest relative difference, NaN fails);
+  largest relative difference, NaN fails; the scratch cache's state and records are constants, so
+  this is a weak check of anything indexed by row);
 * times, as ``replayssm bench`` does (CUDA graphs, medians, verify with its commit), the generated
   verify, and ``prepare`` + the variant in one graph, and ``prepare`` alone.
 
@@ -86,7 +89,7 @@ def main() -> None:  # noqa: C901 - one measurement
     rows, t = args.batch, args.drafts
     table = []
     for name in args.presets.split(","):
-        decl, shape, config, rng, params = preset_setup(name)
+        decl, shape, config, _, params = preset_setup(name)
         if decl.name != "gdn":
             raise SystemExit(f"{name}: the prepared fields are written for GDN only")
         H, HV, K = shape.key_heads, shape.heads, shape.k_dim
