@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Kernel
-from .render_expr import ExprRenderer
+from .render_expr import ExprRenderer, input_load
 
 
 # --- the facts a kernel template needs, read off its statements -----------------------------------
@@ -112,14 +112,12 @@ def first_draft_loads(decl, names: tuple) -> list[str]:
     (GDN's verify T = 4 and 8 3–4 % faster, side by side; docs/performance.md). The fields read them back through
     ``ExprRenderer``'s ``hoisted``."""
     lines = []
-    for name in names:
-        spec = decl.input(name)
-        heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+    for name in names:  # the address the fields compute for token j, at j = warp
         lines += [f"float pre_{name}[KE];  // draft j = warp's {name}, loaded before the state rows",
                   "#pragma unroll",
                   "for (int i = 0; i < KE; ++i) {",
                   "    const int e = k_index(i, lane);",
-                  f"    pre_{name}[i] = (warp < t && e < K) ? tok_{name}[((size_t)(b * t_tok + warp) * {heads} + {head}) * K + e] : 0.f;",
+                  f"    pre_{name}[i] = (warp < t && e < K) ? {input_load(decl.input(name), 'e', token='warp')} : 0.f;",
                   "}"]
     return lines
 

@@ -29,6 +29,18 @@ def c_float(value: float) -> str:
     return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
 
 
+def input_load(spec, index: str, token: str = "j") -> str:
+    """C text reading input ``spec`` at element ``index`` (of K or V; ignored for a scalar input):
+    a token input at token ``token`` of row ``b``, a parameter per head; group-level inputs index the
+    key head ``hk``."""
+    heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+    if spec.kind == "token":
+        base, buf = f"((size_t)(b * t_tok + {token}) * {heads} + {head})", f"tok_{spec.name}"
+    else:
+        base, buf = f"(size_t){head}", f"par_{spec.name}"
+    return f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {spec.size} + {index}]"
+
+
 class ExprRenderer:
     """Renders expressions of one declaration; ``prefix`` keeps variable names unique per use."""
 
@@ -40,15 +52,7 @@ class ExprRenderer:
 
     def _leaf(self, node: Expr, index: str) -> str:
         spec = self.decl.input(node.arg)
-        heads = "HV" if spec.level == "head" else "H"
-        head = "hv" if spec.level == "head" else "hk"
-        size = {"": "1", "K": "K", "V": "V"}[spec.size]
-        if spec.kind == "token":
-            base = f"((size_t)(b * t_tok + j) * {heads} + {head})"
-            buf = f"tok_{spec.name}"
-        else:
-            base, buf = f"(size_t){head}", f"par_{spec.name}"
-        load = f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {size} + {index}]"
+        load = input_load(spec, index)
         if spec.name in self.hoisted and spec.size == "K" and index == "e":
             return f"(j == warp ? pre_{spec.name}[i] : {load})"
         return load
