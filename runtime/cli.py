@@ -21,6 +21,8 @@ from replayssm_dsl.errors import ReplaySSMError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.traffic import design_formulas, kernel_traffic, record_bytes, replay_step_amortized
 
+from .benchmark import KERNELS as BENCH_KERNELS  # (no CuPy at import: the benchmark imports it when it runs)
+
 
 def _shape(args) -> ModelShape:
     if getattr(args, "preset", None):
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer batch sizes and repetitions")
     p.add_argument("--batches", default="1,8,32,128,256,512")
     p.add_argument("--presets", default=",".join(PRESETS))
-    p.add_argument("--kernels", default="replay,flush,conventional,verify,snapshot,fla,floors",
+    p.add_argument("--kernels", default=",".join(BENCH_KERNELS),
                    help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
