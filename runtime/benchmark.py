@@ -184,6 +184,15 @@ _GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conven
 _GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
 
 
+def preset_setup(name: str):
+    """A preset's declaration, shape, replay settings (L = 16, T_max = 8), seeded generator and
+    parameters, as the benchmark (and the measurement scripts) set them up."""
+    p = PRESETS[name]
+    decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
+    rng = np.random.default_rng(0)
+    return decl, shape, config, rng, random_params(decl, shape, rng)
+
+
 def parse_kernels(text: str) -> tuple[str, ...]:
     """``--kernels``: comma-separated names from ``KERNELS``; a clear error names an unknown one."""
     names = tuple(k for k in text.split(",") if k)
@@ -198,9 +207,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
     from .cuda_cache import CudaReplayCache
 
     p = PRESETS[preset_name]
-    decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
-    rng = np.random.default_rng(0)
-    params = random_params(decl, shape, rng)
+    decl, shape, config, rng, params = preset_setup(preset_name)
     groups = {g for k in kernels for g in _GROUPS.get(k, ())}
     tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in _GROUP_ORDER if g in groups}
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)

@@ -21,12 +21,10 @@ import re
 
 import numpy as np
 
-from replayssm_dsl import ReplayConfig, variants
-from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering.launch import LaunchConfig
-from replayssm_dsl.random_inputs import random_params, random_tokens
+from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime import cuda_module
-from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, time_graphs
+from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs
 
 ARRIVE = ("    if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);\n")
 RECORD_STORES = "    if (!flush) {\n        if (blockIdx.x == 0) {"
@@ -167,14 +165,6 @@ def time_step(cp, cache, kernel, batch, batch_dev, tokens, out, fill=None) -> fl
             cache._launch(kernel, batch, batch_dev, tokens[i], out=out)
     stream, graphs = capture_graphs(cp, build, len(tokens))
     return time_graphs(cp, stream, graphs, 60)
-
-
-def preset_setup(name: str):
-    """A preset's declaration, shape, replay settings (L = 16, T_max = 8), seeded generator and parameters."""
-    p = PRESETS[name]
-    decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
-    rng = np.random.default_rng(0)
-    return decl, shape, config, rng, random_params(decl, shape, rng)
 
 
 def scratch_cache(decl, shape, config, rows, params, launch):

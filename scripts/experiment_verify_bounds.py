@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import argparse
 
-from experiment_variants import in_kernel, patched_renderer, preset_setup, scratch_cache  # this folder's script (run as scripts/...)
+from experiment_variants import in_kernel, patched_renderer, scratch_cache  # this folder's script (run as scripts/...)
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.runtime import cuda_module
-from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, time_graphs,
+from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
                                              verify_and_commit, verify_inputs)
 
 TUNED = {  # verify's launch shapes at B = 256 in the 69001d0 headline

@@ -27,10 +27,10 @@ import re
 
 import numpy as np
 
-from experiment_variants import in_kernel, patched_renderer, preset_setup, scratch_cache  # this folder's script (run as scripts/...)
+from experiment_variants import in_kernel, patched_renderer, scratch_cache  # this folder's script (run as scripts/...)
 from experiment_verify_bounds import TUNED
 from replayssm_dsl.runtime import cuda_module
-from replayssm_dsl.runtime.benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
+from replayssm_dsl.runtime.benchmark import capture_graphs, mixed_steady_state, preset_setup, time_graphs, verify_and_commit, verify_inputs
 
 FIELDS = re.compile(r"    for \(int j = warp; j < t; j \+= WARPS\) \{\n.*?\n    \}\n(?=    for \(int x = THREADS - 1 - tid; x < t \* BV)", re.S)
 PREPARED = """    for (int j = 0; j < t; ++j) {  // the drafts' fields, prepared: normalised key, scaled query, decay, strength

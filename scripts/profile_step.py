@@ -18,10 +18,9 @@ import argparse
 
 import numpy as np
 
-from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
-from replayssm_dsl.random_inputs import random_params, random_tokens
-from replayssm_dsl.runtime.benchmark import mixed_steady_state, verify_and_commit, verify_inputs
+from replayssm_dsl.random_inputs import random_tokens
+from replayssm_dsl.runtime.benchmark import mixed_steady_state, preset_setup, verify_and_commit, verify_inputs
 from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
 
 
@@ -34,10 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     import cupy as cp
 
-    preset = PRESETS[args.preset]
-    decl, shape, config = variants.get(preset.variant), preset.shape, ReplayConfig(window=16, max_drafts=8)
-    rng = np.random.default_rng(0)
-    cache = CudaReplayCache(decl, shape, config, slots=args.batch, params=random_params(decl, shape, rng))
+    decl, shape, config, rng, params = preset_setup(args.preset)
+    cache = CudaReplayCache(decl, shape, config, slots=args.batch, params=params)
     cache.buffers["checkpoint"][...] = 0.01
     cache.buffers["state"][...] = 0.01
     batch = mixed_steady_state(cache, args.batch)
