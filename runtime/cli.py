@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer batch sizes and repetitions")
     p.add_argument("--batches", default="1,8,32,128,256,512")
     p.add_argument("--presets", default=",".join(PRESETS))
-    p.add_argument("--kernels", default="replay,flush,conventional,verify,snapshot,fla,floors",
+    p.add_argument("--kernels", default="replay,flush,conventional,verify,speculative,snapshot,fla,floors",
                    help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
