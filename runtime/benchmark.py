@@ -4,7 +4,9 @@ For each preset shape and batch size it times, in one run and the same way (CUDA
 decode steps, replayed round-robin over several input sets, CUDA events, median):
 the generated conventional step; the replay step in the mixed steady state (slot ``b`` at fill
 ``b mod L``, so ``1/L`` of the batch flushes at every step and the phases rotate); the flush alone;
-verify ``T ∈ {2, 4, 8}`` with its commit; the snapshot-verify baseline; FLA's ``fused_recurrent_*``
+verify ``T ∈ {2, 4, 8}`` with its commit (accepting none, so the fills stay put); verify ``T = 8`` in
+a speculative steady state (row ``b`` accepts ``b mod 9`` drafts, so the fills move and the rows
+whose buffer would overflow fold first, as in an engine); the snapshot-verify baseline; FLA's ``fused_recurrent_*``
 for the same shape (captured in a torch CUDA graph when ``fla`` imports); and the memory floors (a
 state-sized copy and read, timed eagerly). ``--kernels`` times a subset (and tunes only the launch
 groups it needs), for quick side-by-side runs of one change. Writes ``results.json``, ``results.md`` and
@@ -22,6 +24,7 @@ import numpy as np
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.errors import InputError
+from replayssm_dsl.lowering.buffer_rules import capacity
 from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
@@ -60,6 +63,25 @@ def verify_inputs(cp, decl, shape, rng, batch: dict, t: int, sets: int = 1) -> t
               for _ in range(sets)]
     drafted = dict(batch, drafts=cp.full(rows, t, cp.int32), accepted=cp.zeros(rows, cp.int32))
     return tokens, drafted, cp.empty((rows, t, shape.heads, shape.v_dim), cp.float32)
+
+
+def speculative_accepts(rows: int, drafts: int) -> np.ndarray:
+    """Accepted drafts per row in the speculative steady state: row b accepts b mod (T + 1), so every
+    count from 0 to T is present (mean T / 2) and the rows' fills drift apart."""
+    return (np.arange(rows) % (drafts + 1)).astype(np.int32)
+
+
+def speculative_fold_share(fills, accepts, drafts: int, config, skip: int, rounds: int) -> float:
+    """The share of verify rows that fold their buffer first (``flush_for_verify``) over rounds
+    ``skip .. skip + rounds`` of verify + commit from ``fills``, by the buffer rules on the host:
+    the fold happens where n + t > capacity, and commit sets the fill to (0 if folded else n) + a."""
+    fills = np.array(fills, dtype=np.int64)
+    folds = 0
+    for r in range(skip + rounds):
+        fold = fills + drafts > capacity(config.window, config.max_drafts)
+        folds += int(fold.sum()) if r >= skip else 0
+        fills = np.where(fold, 0, fills) + accepts
+    return folds / (len(fills) * rounds)
 
 
 def verify_and_commit(cache, batch: dict, tokens: dict, out, t: int) -> None:
@@ -175,12 +197,12 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
     return float(np.median(times)), mode
 
 
-KERNELS = ("replay", "flush", "conventional", "verify", "snapshot", "fla", "floors")
+KERNELS = ("replay", "flush", "conventional", "verify", "speculative", "snapshot", "fla", "floors")
 """What ``--kernels`` can choose; the default times all of them."""
 # the tuning groups each needs; verify's commit is a fill kernel (a thread per row, no tile shape),
 # so verify does not need the replay group although commit loads from its module
 _GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conventional",),
-           "verify": ("verify", "verify_few"), "snapshot": ("conventional",)}
+           "verify": ("verify", "verify_few"), "speculative": ("verify",), "snapshot": ("conventional",)}
 _GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
 
 
@@ -241,6 +263,18 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
         stream, graphs = capture_graphs(cp, lambda i, toks=toks, vb=vb, outt=outt, t=t:
                                         verify_and_commit(cache, vb, toks[i], outt, t), 2)
         res[f"verify_T{t}"] = time_graphs(cp, stream, graphs, reps)
+    if "speculative" in kernels:  # verify T = T_max with commits that accept: the fills move, some rows fold
+        t = config.max_drafts
+        toks, vb, outt = verify_inputs(cp, decl, shape, rng, batch_dev, t, sets=2)
+        accepts = speculative_accepts(batch, t)
+        vb = dict(vb, accepted=cp.asarray(accepts))
+        start = np.arange(batch, dtype=np.int32) % config.window
+        cache.buffers["fill"][...] = cp.asarray(start)
+        stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, vb, toks[i], outt, t), 2)
+        res[f"verify_spec_T{t}"] = time_graphs(cp, stream, graphs, reps)
+        # before the timed replays: one untimed launch per graph (capture_graphs) and 3 warm-up replays
+        res["spec_fold_share"] = speculative_fold_share(start, accepts, t, config, skip=2 + 3, rounds=reps)
+        cache.buffers["fill"][...] = cp.asarray(start)  # back to the mixed steady state's fills
     if "snapshot" in kernels:
         t = 8
         snaps = cp.empty((batch, t, HV, V, K), cp.float32)
@@ -277,7 +311,7 @@ def _ratio(r: dict, a: str, b: str) -> float:
 
 COLUMNS = [("B", "B", "{:d}"), ("launch", "launch", "{}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
            ("flush", "flush", "{:.3f}"), ("ver2", "verify_T2", "{:.3f}"), ("ver4", "verify_T4", "{:.3f}"),
-           ("ver8", "verify_T8", "{:.3f}"), ("snap8", "snapshot_verify_T8", "{:.3f}"), ("fla", "fla_step", "{:.3f}"),
+           ("ver8", "verify_T8", "{:.3f}"), ("spec8", "verify_spec_T8", "{:.3f}"), ("snap8", "snapshot_verify_T8", "{:.3f}"), ("fla", "fla_step", "{:.3f}"),
            ("copy", "copy_floor", "{:.3f}"), ("read", "read_floor", "{:.3f}"), ("rfloor", "replay_floor", "{:.3f}")]
 
 

@@ -46,3 +46,40 @@ def test_no_plot_without_both_steps(tmp_path):
     row = {"preset": "qwen3.5-4b", "variant": "gdn", "B": 256, "conventional_step": 0.27, "verify_T8": 0.36}
     assert plot([row], tmp_path / "speedup.png") is False
     assert not (tmp_path / "speedup.png").exists()
+
+
+def test_speculative_accepts_cover_every_count():
+    from replayssm_dsl.runtime.benchmark import speculative_accepts
+    accepts = speculative_accepts(256, 8)
+    assert accepts.dtype == np.int32 and accepts.min() == 0 and accepts.max() == 8
+    assert set(accepts[:9]) == set(range(9))
+
+
+def test_speculative_fold_share_follows_the_buffer_rules():
+    """The host simulation of verify + commit rounds against the scalar rules of lowering/buffer_rules.py,
+    on fresh random fills and accepts; and one case by hand: accepting all 8 drafts from fill 0 with
+    L = 16 (capacity 24) folds every third round (0, 8, 16, 24 → fold)."""
+    from replayssm_dsl import ReplayConfig
+    from replayssm_dsl.lowering.buffer_rules import verify_flushes
+    from replayssm_dsl.runtime.benchmark import speculative_fold_share
+    config, t = ReplayConfig(window=16, max_drafts=8), 8
+    rng = np.random.default_rng()
+    fills = rng.integers(0, 16, 64)
+    accepts = rng.integers(0, t + 1, 64)
+    folds, rounds, skip = 0, 40, 5
+    for b in range(64):
+        n = int(fills[b])
+        for r in range(skip + rounds):
+            fold = verify_flushes(n, t, config.window, config.max_drafts)
+            folds += fold and r >= skip
+            n = (0 if fold else n) + int(accepts[b])
+    assert speculative_fold_share(fills, accepts, t, config, skip, rounds) == pytest.approx(folds / (64 * rounds))
+    assert speculative_fold_share([0], np.array([8]), t, config, 1, 300) == pytest.approx(1 / 3)  # rounds 3, 6, .., 300
+    assert speculative_fold_share([0, 5, 15], np.zeros(3, int), t, config, 0, 10) == 0.0
+
+
+def test_speculative_is_a_kernel_choice_that_tunes_verify_only():
+    from replayssm_dsl.runtime.benchmark import _GROUPS
+    assert parse_kernels("speculative") == ("speculative",)
+    assert _GROUPS["speculative"] == ("verify",)
+    assert ("spec8", "verify_spec_T8", "{:.3f}") in COLUMNS
