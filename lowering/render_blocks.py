@@ -325,22 +325,23 @@ def fold_keys(decl, last: str, count: str) -> list[str]:
     return lines + ["__syncthreads();"]
 
 
-def fold_rows(decl, last: str, count: str) -> list[str]:
+def fold_rows(decl, last: str, count: str, rows: str = "RPW") -> list[str]:
     """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``fold_keys``): records outer,
-    each key fragment read from shared memory once for all of the warp's rows."""
+    each key fragment read from shared memory once for all of the warp's rows (``rows`` of them in ``s``
+    and ``wv``)."""
     scale = {"none": [],
-             "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", "for (int r = 0; r < RPW; ++r)",
+             "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", f"for (int r = 0; r < {rows}; ++r)",
                         "    #pragma unroll", "    for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
              "vector": ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
                         "    const float a = (e < K) ? sh_ed[e] : 0.f;",
-                        "    #pragma unroll", "    for (int r = 0; r < RPW; ++r) s[r][i] *= a;", "}"]}
+                        "    #pragma unroll", f"    for (int r = 0; r < {rows}; ++r) s[r][i] *= a;", "}"]}
     return scale[decl.decay_form] + [
         f"for (int m = 0; m < {count}; ++m) {{",
         "    float kf[KE];",
         "    #pragma unroll",
         "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }",
         "    #pragma unroll",
-        "    for (int r = 0; r < RPW; ++r) {",
+        f"    for (int r = 0; r < {rows}; ++r) {{",
         "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
         "        #pragma unroll",
         "        for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];",

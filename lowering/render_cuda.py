@@ -84,6 +84,8 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
         body.append("__shared__ float sh_G[NREC];")
     elif decl.decay_form == "vector":
         body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
+    if guard:  # flush_for_verify: most rows only check and exit, so the fold keeps few registers
+        return body + _chunked_fold(decl)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
     body += load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
     body += row_records()
@@ -94,6 +96,40 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     else:
         body += store_rows(CHECKPOINT_ROW.format(page="dst"))
     return body
+
+
+def _chunked_fold(decl) -> list[str]:
+    """The fold a few rows of the warp at a time (``FOLD_ROWS``), for a kernel that most rows leave
+    after their checks (``flush_for_verify``: in a speculative steady state a fraction of the rows
+    fold before a verify). Holding a warp's RPW rows at once would set the registers, and with them
+    how few of its CTAs fit on an SM while they only check and exit (measured as a bound: the
+    same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md)."""
+    src, dst = CHECKPOINT_ROW.format(page="src"), CHECKPOINT_ROW.format(page="dst")
+    return (load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
+            + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
+            + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
+               "#pragma unroll 1",
+               "for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {",
+               "    float s[FOLD_ROWS][KE], wv[FOLD_ROWS];",
+               "    #pragma unroll",
+               "    for (int r = 0; r < FOLD_ROWS; ++r) {",
+               "        const int row = v0 + warp * RPW + r0 + r;",
+               "        wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;",
+               f"        if (r0 + r < RPW && row < V) load_row({src}, s[r], lane);",
+               "        else {",
+               "            #pragma unroll",
+               "            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past the warp's rows or V: never stored",
+               "        }",
+               "    }",
+               "    if (n > 0) {  // uniform per CTA"]
+            + ["        " + x for x in fold_rows(decl, "n - 1", "n", rows="FOLD_ROWS")]
+            + ["    }",
+               "    #pragma unroll",
+               "    for (int r = 0; r < FOLD_ROWS; ++r) {",
+               "        const int row = v0 + warp * RPW + r0 + r;",
+               f"        if (r0 + r < RPW && row < V) store_row({dst}, s[r], lane);",
+               "    }",
+               "}"])
 
 
 def _render_copy(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:

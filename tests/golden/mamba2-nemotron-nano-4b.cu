@@ -939,51 +939,55 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ float sh_w[NREC * (BV + 1)];
     __shared__ float sh_G[NREC];
-    float s[RPW][KE];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
-        else {
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored
-        }
-    }
     stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
     stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, n, v0, tid);
     cp_async_wait();
     __syncthreads();
-    float wv[RPW];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
             const int m = x / K, e = x % K;
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
-        const float a = expf(sh_G[n - 1]);
+    }
+    constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time
+    #pragma unroll 1
+    for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {
+        float s[FOLD_ROWS][KE], wv[FOLD_ROWS];
         #pragma unroll
-        for (int r = 0; r < RPW; ++r)
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) s[r][i] *= a;
-        for (int m = 0; m < n; ++m) {
-            float kf[KE];
-            #pragma unroll
-            for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
-            #pragma unroll
-            for (int r = 0; r < RPW; ++r) {
-                const float wm = __shfl_sync(0xffffffffu, wv[r], m);
+        for (int r = 0; r < FOLD_ROWS; ++r) {
+            const int row = v0 + warp * RPW + r0 + r;
+            wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;
+            if (r0 + r < RPW && row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
+            else {
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
+                for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past the warp's rows or V: never stored
             }
         }
-    }
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int row = v0 + warp * RPW + r;
-        if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
+        if (n > 0) {  // uniform per CTA
+            const float a = expf(sh_G[n - 1]);
+            #pragma unroll
+            for (int r = 0; r < FOLD_ROWS; ++r)
+                #pragma unroll
+                for (int i = 0; i < KE; ++i) s[r][i] *= a;
+            for (int m = 0; m < n; ++m) {
+                float kf[KE];
+                #pragma unroll
+                for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }
+                #pragma unroll
+                for (int r = 0; r < FOLD_ROWS; ++r) {
+                    const float wm = __shfl_sync(0xffffffffu, wv[r], m);
+                    #pragma unroll
+                    for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];
+                }
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < FOLD_ROWS; ++r) {
+            const int row = v0 + warp * RPW + r0 + r;
+            if (r0 + r < RPW && row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
+        }
     }
 }
 
