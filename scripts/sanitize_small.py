@@ -25,6 +25,10 @@ def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0) 
         toks = {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (3, t)).items()}
         cache.verify([1, -1, 0], toks, [t, 0, max(1, t - 1)])
         cache.commit([t, 0, 1])
+    for _ in range(3):  # accept every draft: the fills grow past the capacity, so flush_for_verify folds
+        t = config.max_drafts
+        cache.verify([0, 1, 2], {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (3, t)).items()}, [t] * 3)
+        cache.commit([t] * 3)
     cache.snapshot_verify([0, 1], {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (2, 2)).items()}, [2, 1])
     cache.flush([0, 1])
     cache.materialize([2, 0])
