@@ -83,3 +83,24 @@ def test_speculative_is_a_kernel_choice_that_tunes_verify_only():
     assert parse_kernels("speculative") == ("speculative",)
     assert _GROUPS["speculative"] == ("verify",)
     assert ("spec8", "verify_spec_T8", "{:.3f}") in COLUMNS
+
+
+def test_replay_rotation_is_l_steps_that_bring_every_fill_back():
+    """The replay step is timed as graphs of L steps: the rotation launches L steps, every slot flushes
+    exactly once in it and ends at the fill it started from (by lowering/buffer_rules.py), whatever the
+    batch size, so the graph can be replayed and its time / L is the mean step."""
+    from types import SimpleNamespace
+
+    from replayssm_dsl.lowering.buffer_rules import fill_after_step, step_flushes
+    from replayssm_dsl.runtime.benchmark import replay_rotation
+    window = int(np.random.default_rng().integers(2, 33))
+    calls = []
+    cache = SimpleNamespace(config=SimpleNamespace(window=window), launch_step=lambda *a: calls.append(a))
+    replay_rotation(cache, {"slot": None}, {}, None)
+    assert len(calls) == window
+    for start in range(window):  # the mixed steady state's fills b mod L
+        fill, flushes = start, 0
+        for _ in range(window):
+            flushes += step_flushes(fill, window)
+            fill = fill_after_step(fill, window)
+        assert (fill, flushes) == (start, 1)
