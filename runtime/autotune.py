@@ -7,8 +7,8 @@ baseline is tuned as hard as what it is compared with. Verify has two groups: ``
 than ``VERIFY_FEW_DRAFTS`` drafts and ``verify_few`` for at most that many, since its rows run on
 tensor cores only under the uncapped shapes and those lose to the SIMT rows of a capped shape when
 the drafts are few. ``tune_step`` times one group's decode step (the replay step in the mixed steady
-state, as the mean over a rotation of L steps, verify of ``max_drafts`` tokens, or of ``VERIFY_FEW_DRAFTS``, with its commit, or the
-conventional step; CUDA graph, median) on a scratch cache for each candidate ``LaunchConfig`` and
+state, whose median is taken over rotations of L steps, verify of ``max_drafts`` tokens, or of
+``VERIFY_FEW_DRAFTS``, with its commit, or the conventional step; CUDA graph, median) on a scratch cache for each candidate ``LaunchConfig`` and
 records the fastest in a JSON table keyed by declaration fingerprint, shape, replay settings, batch
 size and group (``REPLAYSSM_AUTOTUNE_CACHE``). Caches consult the table before falling back to
 ``choose_launch``'s rule (``verify_few`` first falls back to the ``verify`` entry). Needs a GPU.
@@ -27,7 +27,7 @@ from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
 
-from .benchmark import capture_graphs, mixed_steady_state, replay_rotation, time_graphs, verify_and_commit, verify_inputs
+from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
@@ -151,15 +151,14 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":
-            stream, graphs = capture_graphs(cp, lambda i: replay_rotation(cache, batch, toks, out), 1)
+            stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)
         elif t is not None:
             (drafts,), vb, outt = verify_inputs(cp, decl, shape, rng, batch, t)
             stream, graphs = capture_graphs(cp, lambda i, cache=cache, vb=vb, drafts=drafts, outt=outt:
                                             verify_and_commit(cache, vb, drafts, outt, t), 1)
         else:
             stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", rows, batch, toks, out=out), 1)
-        ms = time_graphs(cp, stream, graphs, reps)
-        timings[launch] = ms / config.window if group == "replay" else ms  # the replay group: per step
+        timings[launch] = time_graphs(cp, stream, graphs, reps, rotation=config.window if group == "replay" else 1)
         del cache
     if not timings:
         raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds the {group} "

@@ -3,8 +3,8 @@
 For each preset shape and batch size it times, in one run and the same way (CUDA graphs of whole
 decode steps, replayed round-robin over several input sets, CUDA events, median):
 the generated conventional step; the replay step in the mixed steady state (slot ``b`` at fill
-``b mod L``, so ``1/L`` of the batch flushes at every step and the phases rotate; timed as graphs of
-``L`` steps, a whole rotation, divided by ``L``); the flush alone;
+``b mod L``, so ``1/L`` of the batch flushes at every step and the phases rotate; the median over
+whole rotations of ``L`` steps of their mean, so that a batch smaller than ``L`` is timed right); the flush alone;
 verify ``T ∈ {2, 4, 8}`` with its commit (accepting none, so the fills stay put); verify ``T = 8`` in
 a speculative steady state (row ``b`` accepts ``b mod 9`` drafts, so the fills move and the rows
 whose buffer would overflow fold first, as in an engine); the snapshot-verify baseline; FLA's ``fused_recurrent_*``
@@ -32,19 +32,34 @@ from replayssm_dsl.random_inputs import random_params, random_tokens
 INPUT_SETS = 4
 
 
-def _median_ms(cp, launch, reps: int, warmup: int = 3) -> float:
+def median_of_rotations(times, rotation: int = 1) -> float:
+    """The median, over whole rotations of ``rotation`` consecutive launches, of their mean time.
+
+    The replay step's batch passes through every phase of its buffer in ``L`` steps (each slot flushes
+    once and ends at the fill it started from), so its mean step is the mean over a rotation. With a
+    batch smaller than ``L`` the steps alternate between ones with and without a flush, and a plain
+    median would pick one of the two."""
+    times = np.asarray(times, dtype=np.float64)
+    whole = len(times) // rotation * rotation
+    if whole == 0:
+        raise ValueError(f"times: {len(times)} launches, fewer than one rotation of {rotation}")
+    return float(np.median(times[:whole].reshape(-1, rotation).mean(axis=1)))
+
+
+def _median_ms(cp, launch, reps: int, warmup: int = 3, rotation: int = 1) -> float:
+    """CUDA-event time of ``launch(i)``, ms: the median of ``reps`` rotations (``median_of_rotations``)."""
     stream = cp.cuda.get_current_stream()
     for i in range(warmup):
         launch(i)
     start, end = cp.cuda.Event(), cp.cuda.Event()
     times = []
-    for i in range(reps):
+    for i in range(reps * rotation):
         start.record(stream)
         launch(i)
         end.record(stream)
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return median_of_rotations(times, rotation)
 
 
 def mixed_steady_state(cache, rows: int) -> dict:
@@ -85,15 +100,6 @@ def speculative_fold_share(fills, accepts, drafts: int, config, skip: int, round
     return folds / (len(fills) * rounds)
 
 
-def replay_rotation(cache, batch: dict, tokens: dict, out) -> None:
-    """L replay steps in a row from the mixed steady state: every fill passes once through every phase
-    (each slot flushes once) and ends where it started, so a graph of them can be replayed and its
-    time / L is the mean step, for any batch size. (One step per graph would make a batch smaller
-    than L alternate between steps with and without a flush, and the median pick one of the two.)"""
-    for _ in range(cache.config.window):
-        cache.launch_step(batch, tokens, out)
-
-
 def verify_and_commit(cache, batch: dict, tokens: dict, out, t: int) -> None:
     cache.launch_verify(batch, tokens, out)
     cache.launch_commit(batch, t)
@@ -113,9 +119,10 @@ def capture_graphs(cp, build, sets: int):
     return stream, graphs
 
 
-def time_graphs(cp, stream, graphs, reps: int) -> float:
+def time_graphs(cp, stream, graphs, reps: int, rotation: int = 1) -> float:
+    """Replay the graphs round-robin (one launch each): the median of ``reps`` rotations, ms."""
     with stream:
-        return _median_ms(cp, lambda i: graphs[i % len(graphs)].launch(stream), reps)
+        return _median_ms(cp, lambda i: graphs[i % len(graphs)].launch(stream), reps, rotation=rotation)
 
 
 def _floors(cp, nbytes: int, reps: int) -> tuple[float, float]:
@@ -259,8 +266,8 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
         res[("" if g == "replay" else g + "_") + "tuning_ms"] = {k.label: v for k, v in timings.items()}
 
     if "replay" in kernels:
-        stream, graphs = capture_graphs(cp, lambda i: replay_rotation(cache, batch_dev, one[i], out1), INPUT_SETS)
-        res["replay_step"] = time_graphs(cp, stream, graphs, reps) / config.window
+        stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch_dev, one[i], out1), INPUT_SETS)
+        res["replay_step"] = time_graphs(cp, stream, graphs, reps, rotation=config.window)
     if "conventional" in kernels:
         stream, graphs = capture_graphs(cp, lambda i: cache._launch("conventional_step", batch, batch_dev, one[i], out=out1),
                                         INPUT_SETS)

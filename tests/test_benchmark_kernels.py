@@ -85,22 +85,32 @@ def test_speculative_is_a_kernel_choice_that_tunes_verify_only():
     assert ("spec8", "verify_spec_T8", "{:.3f}") in COLUMNS
 
 
-def test_replay_rotation_is_l_steps_that_bring_every_fill_back():
-    """The replay step is timed as graphs of L steps: the rotation launches L steps, every slot flushes
-    exactly once in it and ends at the fill it started from (by lowering/buffer_rules.py), whatever the
-    batch size, so the graph can be replayed and its time / L is the mean step."""
-    from types import SimpleNamespace
-
+def test_a_rotation_of_l_steps_brings_every_fill_back():
+    """The replay step's time is taken over rotations of L consecutive steps: by the buffer rules
+    (lowering/buffer_rules.py) every slot flushes exactly once in any L steps and ends at the fill it
+    started from, whatever the batch size and wherever the rotation starts."""
     from replayssm_dsl.lowering.buffer_rules import fill_after_step, step_flushes
-    from replayssm_dsl.runtime.benchmark import replay_rotation
     window = int(np.random.default_rng().integers(2, 33))
-    calls = []
-    cache = SimpleNamespace(config=SimpleNamespace(window=window), launch_step=lambda *a: calls.append(a))
-    replay_rotation(cache, {"slot": None}, {}, None)
-    assert len(calls) == window
     for start in range(window):  # the mixed steady state's fills b mod L
         fill, flushes = start, 0
         for _ in range(window):
             flushes += step_flushes(fill, window)
             fill = fill_after_step(fill, window)
         assert (fill, flushes) == (start, 1)
+
+
+def test_median_of_rotations_counts_the_flush_steps():
+    """A batch smaller than L: most steps do not flush, one in L does. The plain median is the step
+    without a flush; the median over rotations is the mean step."""
+    from replayssm_dsl.runtime.benchmark import median_of_rotations
+    rng = np.random.default_rng()
+    window = 16
+    quiet, flush = rng.uniform(4.0, 6.0), rng.uniform(9.0, 12.0)
+    times = np.tile(np.r_[np.full(window - 1, quiet), flush], 20)
+    times = np.roll(times, int(rng.integers(0, window)))  # the warm-up shifts where a rotation starts
+    assert np.median(times) == pytest.approx(quiet)
+    assert median_of_rotations(times, window) == pytest.approx(quiet + (flush - quiet) / window)
+    assert median_of_rotations(times[: 3 * window + 5], window) == pytest.approx(quiet + (flush - quiet) / window)
+    assert median_of_rotations([1.0, 3.0, 2.0]) == 2.0
+    with pytest.raises(ValueError, match="fewer than one rotation"):
+        median_of_rotations(times[: window - 1], window)
