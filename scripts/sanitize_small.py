@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
 
 
-def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0) -> None:
+def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0, launch: LaunchConfig | None = None) -> None:
     decl = variants.get(name)
     rng = np.random.default_rng(seed)
-    cache = CudaReplayCache(decl, shape, config, slots=4, params=random_params(decl, shape, rng))
+    cache = CudaReplayCache(decl, shape, config, slots=4, params=random_params(decl, shape, rng), launch=launch)
     cache.load([0, 1, 2], random_state(shape, rng, (3,)).astype(np.float32))
     cache.load_conventional([0, 1], random_state(shape, rng, (2,)).astype(np.float32))
     for i in range(config.window + 3):
@@ -40,4 +41,6 @@ if __name__ == "__main__":
     for name in ("gdn", "kda", "mamba2", "gla"):
         exercise(name, ModelShape(4, 2, 40, 64), ReplayConfig(window=4, max_drafts=3))
     exercise("gdn", ModelShape(2, 1, 8, 6), ReplayConfig(window=2, max_drafts=2))
+    for name in ("gdn", "kda", "mamba2"):  # 10 rows per warp, V = 60: flush_for_verify's fold in chunks of 4, the last partial
+        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=LaunchConfig(4, 10))
     print("sanitize_small: all kernels ran")
