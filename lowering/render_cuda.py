@@ -85,6 +85,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     elif decl.decay_form == "vector":
         body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
     if guard:  # flush_for_verify: most rows only check and exit, so the fold keeps few registers
+        assert "store_state:materialized" not in f.guards, "the chunked fold stores to the checkpoint only"
         return body + _chunked_fold(decl)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
     body += load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
