@@ -103,9 +103,15 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
+TUNING_VERSION = 2
+"""Part of every table key: raised when the generated kernels or the way a group is timed change, so
+that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
+the replay step is timed over whole rotations of L steps)."""
+
+
 def table_key(program, rows: int, group: str = "replay") -> str:
     s, c = program.shape, program.config
-    return (f"{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
+    return (f"v{TUNING_VERSION}|{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
             f"{c.window},{c.max_drafts},{c.state_dtype}|{rows}" + ("" if group == "replay" else f"|{group}"))
 
 

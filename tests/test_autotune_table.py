@@ -188,3 +188,17 @@ def test_tensor_core_verify_drops_the_rows_per_pass_options():
     assert not any(c.verify_rows_per_pass for c in autotune.distinct_candidates(tensor, "verify"))
     assert autotune.distinct_candidates(simt, "verify") == autotune.candidates("verify")
     assert autotune.distinct_candidates(tensor, "replay") == autotune.candidates("replay")
+
+
+def test_an_entry_tuned_by_an_earlier_version_is_tuned_again(program, tmp_path, monkeypatch):
+    """Keys carry ``TUNING_VERSION``: an entry written under an earlier one (other kernels, or another
+    way of timing them) is not read."""
+    table = tmp_path / "autotune.json"
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(table))
+    key = autotune.table_key(program, 64)
+    assert key.startswith(f"v{autotune.TUNING_VERSION}|")
+    earlier = key.replace(f"v{autotune.TUNING_VERSION}|", f"v{autotune.TUNING_VERSION - 1}|", 1)
+    table.write_text(json.dumps({earlier: {"launch": {"warps": 4, "rows_per_warp": 16}}}))
+    assert autotune.lookup(program, 64) is None
+    table.write_text(json.dumps({key: {"launch": {"warps": 4, "rows_per_warp": 16}}}))
+    assert autotune.lookup(program, 64) == LaunchConfig(4, 16)
