@@ -25,7 +25,7 @@ import numpy as np
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.errors import InputError
-from replayssm_dsl.lowering.buffer_rules import capacity
+from replayssm_dsl.lowering.buffer_rules import verify_flushes
 from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
@@ -89,12 +89,12 @@ def speculative_accepts(rows: int, drafts: int) -> np.ndarray:
 
 def speculative_fold_share(fills, accepts, drafts: int, config, skip: int, rounds: int) -> float:
     """The share of verify rows that fold their buffer first (``flush_for_verify``) over rounds
-    ``skip .. skip + rounds`` of verify + commit from ``fills``, by the buffer rules on the host:
-    the fold happens where n + t > capacity, and commit sets the fill to (0 if folded else n) + a."""
+    ``skip .. skip + rounds`` of verify + commit from ``fills``, by the buffer rules on the host
+    (``verify_flushes``, elementwise over the rows), and commit sets the fill to (0 if folded else n) + a."""
     fills = np.array(fills, dtype=np.int64)
     folds = 0
     for r in range(skip + rounds):
-        fold = fills + drafts > capacity(config.window, config.max_drafts)
+        fold = verify_flushes(fills, drafts, config.window, config.max_drafts)
         folds += int(fold.sum()) if r >= skip else 0
         fills = np.where(fold, 0, fills) + accepts
     return folds / (len(fills) * rounds)
