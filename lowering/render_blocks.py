@@ -287,28 +287,41 @@ def decay_between(decl, a: str, b: str, e: str = "e") -> str:
     return f"expf(sh_G[({a}) * K + {e}] - sh_G[({b}) * K + {e}])"
 
 
-def row_loads(state_expr: str) -> list[str]:
+def _warp_row(first: str) -> tuple[str, str]:
+    """Row r of the warp's rows from ``first`` on: its index in V, and the check that it is one of the
+    warp's rows and below V (the first part known at compile time when ``first`` is 0)."""
+    if first == "0":
+        return "v0 + warp * RPW + r", "row < V"
+    return f"v0 + warp * RPW + {first} + r", f"{first} + r < RPW && row < V"
+
+
+def row_loads(state_expr: str, rows: str = "RPW", first: str = "0") -> list[str]:
     """Issue every state-row load of the warp first: they fly while the head-level work runs. Rows past
-    V (a partial last tile) hold zeros, so the row loop runs branch-free and only the stores check."""
+    V (a partial last tile) hold zeros, so the row loop runs branch-free and only the stores check.
+    ``rows`` rows of the warp from its row ``first`` on (``s[rows][KE]``)."""
+    index, inside = _warp_row(first)
+    past = "V" if first == "0" else "the warp's rows or V"
     return [
-        "float s[RPW][KE];",
+        f"float s[{rows}][KE];",
         "#pragma unroll",
-        "for (int r = 0; r < RPW; ++r) {",
-        "    const int row = v0 + warp * RPW + r;",
-        f"    if (row < V) load_row({state_expr}, s[r], lane);",
+        f"for (int r = 0; r < {rows}; ++r) {{",
+        f"    const int row = {index};",
+        f"    if ({inside}) load_row({state_expr}, s[r], lane);",
         "    else {",
         "        #pragma unroll",
-        "        for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past V: computed on zeros, never stored",
+        f"        for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past {past}: computed on zeros, never stored",
         "    }",
         "}",
     ]
 
 
-def row_records() -> list[str]:
-    """Lane i of a warp holds record i's write at each of the warp's rows."""
-    return ["float wv[RPW];",
+def row_records(rows: str = "RPW", first: str = "0") -> list[str]:
+    """Lane i of a warp holds record i's write at each of the warp's rows (``rows`` of them from
+    ``first`` on; 0 past the records and past the warp's rows)."""
+    inside, offset = ("lane < n", "") if first == "0" else (f"lane < n && {first} + r < RPW", f"{first} + ")
+    return [f"float wv[{rows}];",
             "#pragma unroll",
-            "for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;"]
+            f"for (int r = 0; r < {rows}; ++r) wv[r] = ({inside}) ? sh_w[lane * (BV + 1) + warp * RPW + {offset}r] : 0.f;"]
 
 
 def fold_keys(decl, last: str, count: str) -> list[str]:
@@ -369,9 +382,11 @@ def rows_reduced_group(decl, group: str, first: str, end: str, parts: list[str],
             + ["    " + line for line in finish] + ["}"])
 
 
-def store_rows(target: str) -> list[str]:
-    return ["#pragma unroll", "for (int r = 0; r < RPW; ++r) {", "    const int row = v0 + warp * RPW + r;",
-            f"    if (row < V) store_row({target}, s[r], lane);", "}"]
+def store_rows(target: str, rows: str = "RPW", first: str = "0") -> list[str]:
+    """Store the warp's rows in ``s`` (``rows`` of them from ``first`` on) that are below V."""
+    index, inside = _warp_row(first)
+    return ["#pragma unroll", f"for (int r = 0; r < {rows}; ++r) {{", f"    const int row = {index};",
+            f"    if ({inside}) store_row({target}, s[r], lane);", "}"]
 
 
 def output_store(f: Facts) -> str:

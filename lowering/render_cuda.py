@@ -110,27 +110,13 @@ def _chunked_fold(decl) -> list[str]:
             + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
             + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
                "#pragma unroll 1",
-               "for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {",
-               "    float s[FOLD_ROWS][KE], wv[FOLD_ROWS];",
-               "    #pragma unroll",
-               "    for (int r = 0; r < FOLD_ROWS; ++r) {",
-               "        const int row = v0 + warp * RPW + r0 + r;",
-               "        wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;",
-               f"        if (r0 + r < RPW && row < V) load_row({src}, s[r], lane);",
-               "        else {",
-               "            #pragma unroll",
-               "            for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past the warp's rows or V: never stored",
-               "        }",
-               "    }",
-               "    if (n > 0) {  // uniform per CTA"]
+               "for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {"]
+            + ["    " + x for x in row_loads(src, "FOLD_ROWS", "r0") + row_records("FOLD_ROWS", "r0")]
+            + ["    if (n > 0) {  // uniform per CTA"]
             + ["        " + x for x in fold_rows(decl, "n - 1", "n", rows="FOLD_ROWS")]
-            + ["    }",
-               "    #pragma unroll",
-               "    for (int r = 0; r < FOLD_ROWS; ++r) {",
-               "        const int row = v0 + warp * RPW + r0 + r;",
-               f"        if (r0 + r < RPW && row < V) store_row({dst}, s[r], lane);",
-               "    }",
-               "}"])
+            + ["    }"]
+            + ["    " + x for x in store_rows(dst, "FOLD_ROWS", "r0")]
+            + ["}"])
 
 
 def _render_copy(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:

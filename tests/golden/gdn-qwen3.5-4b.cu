@@ -990,17 +990,19 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time
     #pragma unroll 1
     for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {
-        float s[FOLD_ROWS][KE], wv[FOLD_ROWS];
+        float s[FOLD_ROWS][KE];
         #pragma unroll
         for (int r = 0; r < FOLD_ROWS; ++r) {
             const int row = v0 + warp * RPW + r0 + r;
-            wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;
             if (r0 + r < RPW && row < V) load_row(checkpoint + (((size_t)src * HV + hv) * V + row) * K, s[r], lane);
             else {
                 #pragma unroll
-                for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past the warp's rows or V: never stored
+                for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past the warp's rows or V: computed on zeros, never stored
             }
         }
+        float wv[FOLD_ROWS];
+        #pragma unroll
+        for (int r = 0; r < FOLD_ROWS; ++r) wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;
         if (n > 0) {  // uniform per CTA
             const float a = expf(sh_G[n - 1]);
             #pragma unroll
