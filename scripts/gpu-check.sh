@@ -3,6 +3,7 @@
 # Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
 # (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
+# At most 8 files come back from $OUT: each part writes one or a few (examples and hf one log each).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 what=" ${*:-all} "
@@ -20,21 +21,26 @@ if wants sanitize; then
     summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)")
   done
 fi
-if wants examples; then
+if wants examples; then  # one log for all of them: at most 8 files come back from $OUT
+  : > "$OUT/examples.log"
   for ex in examples/*.py; do
-    python3 "$ex" --backend cuda > "$OUT/example-$(basename "$ex" .py).log" 2>&1
+    python3 "$ex" --backend cuda > /tmp/example.log 2>&1
     rc=$?
-    summary+=("$(basename "$ex"): rc=$rc $(tail -1 "$OUT/example-$(basename "$ex" .py).log")")
+    { echo "== $ex --backend cuda: rc=$rc"; cat /tmp/example.log; } >> "$OUT/examples.log"
+    summary+=("$(basename "$ex"): rc=$rc $(tail -1 /tmp/example.log)")
   done
-  python3 -m replayssm_dsl.runtime.cli check gdn --backend cuda --preset qwen3.5-4b --steps 100 > "$OUT/check.log" 2>&1
+  python3 -m replayssm_dsl.runtime.cli check gdn --backend cuda --preset qwen3.5-4b --steps 100 > /tmp/check.log 2>&1
   rc=$?
-  summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 "$OUT/check.log")")
+  { echo "== replayssm check gdn --backend cuda: rc=$rc"; cat /tmp/check.log; } >> "$OUT/examples.log"
+  summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 /tmp/check.log)")
 fi
 if wants hf; then
+  : > "$OUT/hf.log"
   for ex in mamba2 qwen3_next kimi_linear; do
-    python3 examples/hf/$ex.py --device cuda > "$OUT/hf-$ex.log" 2>&1
+    python3 examples/hf/$ex.py --device cuda > /tmp/hf.log 2>&1
     rc=$?
-    summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 "$OUT/hf-$ex.log")")
+    { echo "== examples/hf/$ex.py --device cuda: rc=$rc"; cat /tmp/hf.log; } >> "$OUT/hf.log"
+    summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 /tmp/hf.log)")
   done
 fi
 if wants bench; then
