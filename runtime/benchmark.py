@@ -9,7 +9,8 @@ verify ``T ∈ {2, 4, 8}`` with its commit (accepting none, so the fills stay pu
 a speculative steady state (row ``b`` accepts ``b mod 9`` drafts, so the fills move and the rows
 whose buffer would overflow fold first, as in an engine); the snapshot-verify baseline; FLA's ``fused_recurrent_*``
 for the same shape (captured in a torch CUDA graph when ``fla`` imports); and the memory floors (a
-state-sized copy and read, timed eagerly). ``--kernels`` times a subset (and tunes only the launch
+state-sized copy and read, timed eagerly). Every timed launch is queued behind a short busy kernel
+(``hold_gpu``), so the events measure the GPU's time and not the host's enqueueing. ``--kernels`` times a subset (and tunes only the launch
 groups it needs), for quick side-by-side runs of one change. Writes ``results.json``, ``results.md`` and
 ``speedup.png`` (when matplotlib is present) and prints the table.
 """
@@ -46,14 +47,39 @@ def median_of_rotations(times, rotation: int = 1) -> float:
     return float(np.median(times[:whole].reshape(-1, rotation).mean(axis=1)))
 
 
+SPIN_NS = 40_000  # longer than the host takes to enqueue an event, a launch (graph, eager or torch) and an event
+
+_SPIN_SOURCE = r'''
+extern "C" __global__ void spin(unsigned long long ns) {  // one thread: busy until ns have passed
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}'''
+_spin_kernels = {}
+
+
+def hold_gpu(cp, stream=None) -> None:
+    """Enqueue ``SPIN_NS`` of busy GPU work on ``stream`` (CuPy's current one by default). Timed launches
+    come right after it, so the start event is recorded when the GPU reaches it, with the launch already
+    queued behind it: the time is the GPU's, not the host's enqueueing of the launch (which an engine's
+    graph of many layers does not pay per layer)."""
+    device = cp.cuda.Device().id
+    if device not in _spin_kernels:
+        _spin_kernels[device] = cp.RawKernel(_SPIN_SOURCE, "spin")
+    with (stream if stream is not None else cp.cuda.get_current_stream()):
+        _spin_kernels[device]((1,), (1,), (np.uint64(SPIN_NS),))
+
+
 def _median_ms(cp, launch, reps: int, warmup: int = 3, rotation: int = 1) -> float:
-    """CUDA-event time of ``launch(i)``, ms: the median of ``reps`` rotations (``median_of_rotations``)."""
+    """CUDA-event time of ``launch(i)``, ms: the median of ``reps`` rotations (``median_of_rotations``),
+    each launch queued behind ``hold_gpu`` so that only GPU time is measured."""
     stream = cp.cuda.get_current_stream()
     for i in range(warmup):
         launch(i)
     start, end = cp.cuda.Event(), cp.cuda.Event()
     times = []
     for i in range(reps * rotation):
+        hold_gpu(cp, stream)
         start.record(stream)
         launch(i)
         end.record(stream)
@@ -204,8 +230,11 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(3):
         launch(i)
+    import cupy as cp
+    held = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     times = []
     for i in range(reps):
+        hold_gpu(cp, held)
         starts[i].record()
         launch(i)
         ends[i].record()

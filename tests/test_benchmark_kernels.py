@@ -114,3 +114,61 @@ def test_median_of_rotations_counts_the_flush_steps():
     assert median_of_rotations([1.0, 3.0, 2.0]) == 2.0
     with pytest.raises(ValueError, match="fewer than one rotation"):
         median_of_rotations(times[: window - 1], window)
+
+
+class _FakeCuda:
+    """Just enough of ``cupy`` for ``_median_ms``: it logs what is enqueued, in order."""
+
+    def __init__(self):
+        self.log = []
+        fake = self
+
+        class Stream:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class Event:
+            def record(self, stream):
+                fake.log.append("event")
+
+            def synchronize(self):
+                pass
+
+        class Kernel:
+            def __init__(self, source, name):
+                fake.log.append(f"compile {name}")
+
+            def __call__(self, grid, block, args):
+                fake.log.append("spin")
+
+        class Device:
+            id = 0
+
+        cuda = type("cuda", (), {})()
+        cuda.Device, cuda.Event = Device, Event
+        cuda.get_current_stream = staticmethod(lambda: Stream())
+        cuda.get_elapsed_time = staticmethod(lambda start, end: 1.0)
+        self.cuda, self.RawKernel = cuda, Kernel
+
+
+def test_every_timed_launch_waits_behind_the_busy_kernel(monkeypatch):
+    """The host's enqueueing is not timed: each start event is queued right behind ``hold_gpu``'s kernel."""
+    from replayssm_dsl.runtime import benchmark
+    monkeypatch.setattr(benchmark, "_spin_kernels", {})
+    cp = _FakeCuda()
+    reps = int(np.random.default_rng().integers(2, 6))
+    assert benchmark._median_ms(cp, lambda i: cp.log.append("launch"), reps, warmup=2) == 1.0
+    timed = cp.log[2:]
+    assert cp.log[:2] == ["launch", "launch"]
+    assert timed[0] == "compile spin" and timed[1:] == ["spin", "event", "launch", "event"] * reps
+
+
+@pytest.mark.nvrtc
+def test_the_busy_kernel_compiles_for_sm_90():
+    from replayssm_dsl.runtime.benchmark import _SPIN_SOURCE
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    result = compile_cubin(_SPIN_SOURCE, "spin.cu")
+    assert set(result.resources) == {"spin"} and result.resources["spin"].clean
