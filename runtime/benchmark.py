@@ -365,7 +365,8 @@ COLUMNS = [("B", "B", "{:d}"), ("launch", "launch", "{}"), ("conv", "conventiona
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["All times ms per decode step of one layer (median over CUDA-graph replays; floors eager).",
+    lines = ["All times ms per decode step of one layer (median over CUDA-graph replays; floors eager; every timed",
+             "launch queued behind a busy kernel, so the host's enqueueing is not timed).",
              "`rfloor` = replay step's floor from the traffic model at the measured read/copy bandwidths.", ""]
     for preset_name in dict.fromkeys(r["preset"] for r in results):
         rows = [r for r in results if r["preset"] == preset_name]
@@ -377,7 +378,7 @@ def markdown(results: list[dict]) -> str:
             ratios = [_ratio(r, "replay_step", "replay_floor"), _ratio(r, "conventional_step", "copy_floor"),
                       _ratio(r, "conventional_step", "replay_step"), _ratio(r, "fla_step", "replay_step"),
                       _ratio(r, "verify_T8", "conventional_step"), _ratio(r, "snapshot_verify_T8", "verify_T8")]
-            lines.append("| " + " | ".join(cells + [f"{x:.2f}" for x in ratios]) + " |")
+            lines.append("| " + " | ".join(cells + ["n/a" if np.isnan(x) else f"{x:.2f}" for x in ratios]) + " |")
         lines.append("")
     return "\n".join(lines)
 
