@@ -1,0 +1,99 @@
+"""Static instruction counts of the generated kernels (no GPU needed): NVRTC cubin, then ``nvdisasm``.
+
+For one preset at one launch shape it compiles the whole program for sm_90, disassembles it and
+prints, per kernel, the number of SASS instructions, the most common opcode families and the
+instructions between consecutive ``BAR.SYNC`` (the kernel's phases, in code order; a loop's body
+counts once). Counting before and after a change says whether it takes work off a tile before any
+device time is spent on timing it.
+
+``nvdisasm`` is not in the NVRTC wheel: ``pip download --no-deps nvidia-cuda-nvdisasm==13.2.51`` (a
+newer one reads sm_90 cubins too), unzip it and pass ``--nvdisasm PATH`` or put it on ``PATH``.
+
+Usage: ``python scripts/sass_counts.py qwen3.5-4b 8x8/r64 [--kernels replay_step verify]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+
+_FUNCTION = re.compile(r"^\.text\.(\w+):")
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?")
+
+
+def parse(disassembly: str) -> dict[str, list[str]]:
+    """Kernel name -> its opcodes in code order (with their modifiers, e.g. ``BAR.SYNC.DEFER_BLOCKING``)."""
+    kernels, current = {}, None
+    for line in disassembly.splitlines():
+        match = _FUNCTION.match(line)
+        if match:
+            current = kernels.setdefault(match.group(1), [])
+            continue
+        match = _INSTRUCTION.match(line)
+        if match and current is not None:
+            current.append(match.group(1) + (match.group(2) or ""))
+    return kernels
+
+
+def phases(opcodes: list[str]) -> list[int]:
+    """Instructions before the first ``BAR.SYNC``, between consecutive ones, and after the last."""
+    counts, run = [], 0
+    for op in opcodes:
+        if op.startswith("BAR.SYNC"):
+            counts.append(run)
+            run = 0
+        else:
+            run += 1
+    return counts + [run]
+
+
+def report(kernels: dict[str, list[str]], names=None, top: int = 10) -> str:
+    lines = []
+    for name, opcodes in kernels.items():
+        if names and name not in names:
+            continue
+        families = Counter(op.split(".")[0] for op in opcodes)
+        lines.append(f"{name}: {len(opcodes)} instructions; between barriers {phases(opcodes)}")
+        lines.append("  " + ", ".join(f"{op} {n}" for op, n in families.most_common(top)))
+    return "\n".join(lines)
+
+
+def disassemble(preset_name: str, label: str, nvdisasm: str) -> str:
+    from replayssm_dsl import ReplayConfig, variants
+    from replayssm_dsl.config import preset
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    from replayssm_dsl.lowering.lower import lower
+    from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+
+    shape, _, cap = label.partition("/r")
+    warps, rows = (int(x) for x in shape.split("x"))
+    p = preset(preset_name)
+    program = lower(variants.get(p.variant), p.shape, ReplayConfig())
+    result = compile_cubin(render_program(program, LaunchConfig(warps, rows, int(cap) if cap else 128)),
+                           f"{preset_name}.cu")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(result.cubin)
+        cubin.flush()
+        return subprocess.run([nvdisasm, "-c", cubin.name], check=True, capture_output=True, text=True).stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset")
+    parser.add_argument("launch", help="warps x rows per warp, optionally /rN for a register cap: 8x8/r64")
+    parser.add_argument("--kernels", nargs="*", help="only these kernels (default: all)")
+    parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="path of nvdisasm")
+    args = parser.parse_args()
+    if not args.nvdisasm:
+        parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
+    print(report(parse(disassemble(args.preset, args.launch, args.nvdisasm)), args.kernels))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Tests of scripts/sass_counts.py (no GPU, no nvdisasm): reading nvdisasm's text into per-kernel
+opcodes, and the counts between barriers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "sass_counts.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("sass_counts", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def listing(kernels: dict[str, list[str]]) -> str:
+    """A disassembly in nvdisasm's layout: section headers, labels, predicated and plain instructions."""
+    lines, address = ["\t.headerflags\t@\"EF_CUDA_SM90\""], 0
+    for name, opcodes in kernels.items():
+        lines += [f"//--------------------- .text.{name}         --------------------------",
+                  f"\t.section\t.text.{name},\"ax\",@progbits", f".text.{name}:"]
+        for i, op in enumerate(opcodes):
+            predicate = "@!P0 " if i % 3 == 1 else ("@P1 " if i % 3 == 2 else "")
+            lines.append(f"        /*{address:04x}*/               {predicate}{op} R1, R2, R3 ;")
+            address += 16
+            if i == 1:
+                lines.append(".L_x_12:")
+    return "\n".join(lines)
+
+
+def test_opcodes_are_read_per_kernel_in_code_order():
+    sass = load_script()
+    rng = np.random.default_rng()
+    pool = ["FFMA", "LDG.E.128", "IMAD.WIDE", "SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING", "LEA.HI.X", "EXIT"]
+    kernels = {name: [pool[i] for i in rng.integers(0, len(pool), int(rng.integers(3, 40)))]
+               for name in ("replay_step", "verify", "flush")}
+    assert sass.parse(listing(kernels)) == kernels
+
+
+def test_phases_split_at_each_barrier():
+    sass = load_script()
+    rng = np.random.default_rng()
+    runs = [int(x) for x in rng.integers(0, 9, int(rng.integers(1, 6)))]
+    opcodes = []
+    for i, run in enumerate(runs):
+        opcodes += ["FFMA"] * run + (["BAR.SYNC.DEFER_BLOCKING"] if i < len(runs) - 1 else [])
+    assert sass.phases(opcodes) == runs
+    report = sass.report({"replay_step": opcodes, "flush": ["EXIT"]}, names=["replay_step"])
+    assert report.startswith(f"replay_step: {len(opcodes)} instructions; between barriers {runs}")
+    assert "flush" not in report
