@@ -3,7 +3,8 @@
 # Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
 # (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
-# At most 8 files come back from $OUT: each part writes one or a few (examples and hf one log each).
+# At most 8 files come back from $OUT: install.log, gpu-tests.log, sanitize.log, examples.log, hf.log and
+# bench's results.json, results.md, speedup.png (compare.md with BENCH_BASELINE, so leave out a part then).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 what=" ${*:-all} "
@@ -14,11 +15,13 @@ if wants tests; then
   python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
 fi
-if wants sanitize; then
+if wants sanitize; then  # both tools' output in one log
+  : > "$OUT/sanitize.log"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py > "$OUT/sanitize-$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py > /tmp/sanitize.log 2>&1
     rc=$?
-    summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)")
+    { echo "== compute-sanitizer --tool $tool: rc=$rc"; cat /tmp/sanitize.log; } >> "$OUT/sanitize.log"
+    summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitize.log | tail -1)")
   done
 fi
 if wants examples; then  # one log for all of them: at most 8 files come back from $OUT
@@ -43,8 +46,8 @@ if wants hf; then
     summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 /tmp/hf.log)")
   done
 fi
-if wants bench; then
-  python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+if wants bench; then  # the table and the comparison go to stdout; results.md holds the table too
+  python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee /tmp/bench.log
   if [[ -n ${BENCH_BASELINE:-} ]]; then  # a committed results.json: new / old per kernel, copy column = machine variance
     python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
   fi

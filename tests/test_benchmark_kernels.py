@@ -116,53 +116,59 @@ def test_median_of_rotations_counts_the_flush_steps():
 
 
 class _FakeCuda:
-    """Just enough of ``cupy`` for ``_median_ms``: it logs what is enqueued, in order."""
+    """Just enough of ``cupy`` for ``_median_ms``: it logs what is enqueued, in order, with the stream
+    that is current (``with stream:``) or named when it is enqueued."""
 
     def __init__(self):
-        self.log = []
+        self.log, self.current = [], ["null"]
         fake = self
 
         class Stream:
+            def __init__(self, name):
+                self.name = name
+
             def __enter__(self):
+                fake.current.append(self.name)
                 return self
 
             def __exit__(self, *exc):
+                fake.current.pop()
                 return False
 
         class Event:
             def record(self, stream):
-                fake.log.append("event")
+                fake.log.append(("event", stream.name))
 
             def synchronize(self):
                 pass
 
         class Kernel:
             def __init__(self, source, name):
-                fake.log.append(f"compile {name}")
+                fake.log.append((f"compile {name}", None))
 
             def __call__(self, grid, block, args):
-                fake.log.append("spin")
+                fake.log.append(("spin", fake.current[-1]))
 
         class Device:
             id = 0
 
         cuda = type("cuda", (), {})()
         cuda.Device, cuda.Event = Device, Event
-        cuda.get_current_stream = staticmethod(lambda: Stream())
+        cuda.get_current_stream = staticmethod(lambda: Stream("timed"))
         cuda.get_elapsed_time = staticmethod(lambda start, end: 1.0)
         self.cuda, self.RawKernel = cuda, Kernel
 
 
-def test_every_timed_launch_waits_behind_the_busy_kernel(monkeypatch):
-    """The host's enqueueing is not timed: each start event is queued right behind ``hold_gpu``'s kernel."""
+def test_every_timed_launch_waits_behind_the_busy_kernel_on_its_stream(monkeypatch):
+    """The host's enqueueing is not timed: each start event is queued right behind ``hold_gpu``'s kernel,
+    on the stream the events are recorded on."""
     from replayssm_dsl.runtime import benchmark
     monkeypatch.setattr(benchmark, "_spin_kernels", {})
     cp = _FakeCuda()
-    reps = int(np.random.default_rng().integers(2, 6))
-    assert benchmark._median_ms(cp, lambda i: cp.log.append("launch"), reps, warmup=2) == 1.0
-    timed = cp.log[2:]
-    assert cp.log[:2] == ["launch", "launch"]
-    assert timed[0] == "compile spin" and timed[1:] == ["spin", "event", "launch", "event"] * reps
+    reps = 3
+    assert benchmark._median_ms(cp, lambda i: cp.log.append(("launch", None)), reps, warmup=2) == 1.0
+    assert cp.log[:3] == [("launch", None), ("launch", None), ("compile spin", None)]  # compiled once
+    assert cp.log[3:] == [("spin", "timed"), ("event", "timed"), ("launch", None), ("event", "timed")] * reps
 
 
 @pytest.mark.nvrtc
