@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,16 @@ def hold_gpu(cp, stream=None) -> None:
         _spin_kernels[device]((1,), (1,), (np.uint64(SPIN_NS),))
 
 
+def warn_if_enqueue_outlasts_hold(enqueue_s) -> None:
+    """Warn when the host took longer to enqueue a timed launch than ``hold_gpu`` holds the GPU (median
+    over the launches): then the GPU idles before the launch, and that idling is in the times."""
+    median_us = float(np.median(enqueue_s)) * 1e6
+    if median_us > 0.8 * SPIN_NS / 1e3:
+        warnings.warn(f"host enqueue took {median_us:.1f} us per timed launch (median), near or over the "
+                      f"{SPIN_NS / 1e3:.0f} us busy kernel: these times include the host's enqueueing; "
+                      "raise runtime.benchmark.SPIN_NS", RuntimeWarning, stacklevel=3)
+
+
 def _median_ms(cp, launch, reps: int, warmup: int = 3, rotation: int = 1) -> float:
     """CUDA-event time of ``launch(i)``, ms: the median of ``reps`` rotations (``median_of_rotations``),
     each launch queued behind ``hold_gpu`` so that only GPU time is measured."""
@@ -77,14 +88,17 @@ def _median_ms(cp, launch, reps: int, warmup: int = 3, rotation: int = 1) -> flo
     for i in range(warmup):
         launch(i)
     start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
+    times, enqueue = [], []
     for i in range(reps * rotation):
         hold_gpu(cp, stream)
+        t0 = time.perf_counter()
         start.record(stream)
         launch(i)
         end.record(stream)
+        enqueue.append(time.perf_counter() - t0)
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end))
+    warn_if_enqueue_outlasts_hold(enqueue)
     return median_of_rotations(times, rotation)
 
 
@@ -232,14 +246,17 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
         launch(i)
     import cupy as cp
     held = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    times = []
+    times, enqueue = [], []
     for i in range(reps):
         hold_gpu(cp, held)
+        t0 = time.perf_counter()
         starts[i].record()
         launch(i)
         ends[i].record()
+        enqueue.append(time.perf_counter() - t0)
         ends[i].synchronize()
         times.append(starts[i].elapsed_time(ends[i]))
+    warn_if_enqueue_outlasts_hold(enqueue)
     return float(np.median(times)), mode
 
 

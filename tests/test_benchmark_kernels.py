@@ -3,6 +3,7 @@ prints for the rows it has."""
 
 from __future__ import annotations
 
+import warnings
 
 import numpy as np
 import pytest
@@ -177,3 +178,18 @@ def test_the_busy_kernel_compiles_for_sm_90():
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     result = compile_cubin(_SPIN_SOURCE, "spin.cu")
     assert set(result.resources) == {"spin"} and result.resources["spin"].clean
+
+
+def test_an_enqueue_longer_than_the_busy_kernel_is_reported(monkeypatch):
+    """When the host takes longer to enqueue a launch than the busy kernel holds the GPU, the times
+    include host time again: the benchmark says so rather than print them as GPU time."""
+    from replayssm_dsl.runtime import benchmark
+    monkeypatch.setattr(benchmark, "_spin_kernels", {})
+    cp = _FakeCuda()
+    monkeypatch.setattr(benchmark, "SPIN_NS", 1)
+    with pytest.warns(RuntimeWarning, match="include the host's enqueueing"):
+        benchmark._median_ms(cp, lambda i: cp.log.append(("launch", None)), 3)
+    monkeypatch.setattr(benchmark, "SPIN_NS", 10**12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        benchmark._median_ms(cp, lambda i: cp.log.append(("launch", None)), 3)
