@@ -1,9 +1,9 @@
 """Static instruction counts of the generated kernels (no GPU needed): NVRTC cubin, then ``nvdisasm``.
 
 For one preset at one launch shape it compiles the whole program for sm_90, disassembles it and
-prints, per kernel, the number of SASS instructions, the most common opcode families and the
+prints, per kernel, the number of SASS instructions, the most common opcode families, the
 instructions between consecutive ``BAR.SYNC`` (the kernel's phases, in code order; a loop's body
-counts once). Counting before and after a change says whether it takes work off a tile before any
+counts once) and ptxas's registers and spills. Counting before and after a change says whether it takes work off a tile before any
 device time is spent on timing it.
 
 ``nvdisasm`` is not in the NVRTC wheel: ``pip download --no-deps nvidia-cuda-nvdisasm==13.2.51`` (a
@@ -51,18 +51,23 @@ def phases(opcodes: list[str]) -> list[int]:
     return counts + [run]
 
 
-def report(kernels: dict[str, list[str]], names=None, top: int = 10) -> str:
+def report(kernels: dict[str, list[str]], names=None, top: int = 10, resources=None) -> str:
+    """Per kernel: instructions, between barriers, and (given ptxas's ``resources``) registers and spills."""
     lines = []
     for name, opcodes in kernels.items():
         if names and name not in names:
             continue
         families = Counter(op.split(".")[0] for op in opcodes)
-        lines.append(f"{name}: {len(opcodes)} instructions; between barriers {phases(opcodes)}")
+        res = (resources or {}).get(name)
+        usage = (f"; {res.registers} registers, spill stores {res.spill_stores} B, stack {res.stack_frame} B"
+                 if res else "")
+        lines.append(f"{name}: {len(opcodes)} instructions; between barriers {phases(opcodes)}{usage}")
         lines.append("  " + ", ".join(f"{op} {n}" for op, n in families.most_common(top)))
     return "\n".join(lines)
 
 
-def disassemble(preset_name: str, label: str, nvdisasm: str) -> str:
+def disassemble(preset_name: str, label: str, nvdisasm: str) -> tuple[str, dict]:
+    """nvdisasm's text of the program at that launch shape, and ptxas's resources per kernel."""
     from replayssm_dsl import ReplayConfig, variants
     from replayssm_dsl.config import preset
     from replayssm_dsl.lowering.launch import LaunchConfig
@@ -79,7 +84,8 @@ def disassemble(preset_name: str, label: str, nvdisasm: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(result.cubin)
         cubin.flush()
-        return subprocess.run([nvdisasm, "-c", cubin.name], check=True, capture_output=True, text=True).stdout
+        text = subprocess.run([nvdisasm, "-c", cubin.name], check=True, capture_output=True, text=True).stdout
+    return text, result.resources
 
 
 def main() -> int:
@@ -91,7 +97,8 @@ def main() -> int:
     args = parser.parse_args()
     if not args.nvdisasm:
         parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
-    print(report(parse(disassemble(args.preset, args.launch, args.nvdisasm)), args.kernels))
+    text, resources = disassemble(args.preset, args.launch, args.nvdisasm)
+    print(report(parse(text), args.kernels, resources=resources))
     return 0
 
 
