@@ -3,19 +3,9 @@ opcodes, and the counts between barriers."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "sass_counts.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("sass_counts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from scripts_loader import load_script
 
 
 def listing(kernels: dict[str, list[str]]) -> str:
@@ -34,7 +24,7 @@ def listing(kernels: dict[str, list[str]]) -> str:
 
 
 def test_opcodes_are_read_per_kernel_in_code_order():
-    sass = load_script()
+    sass = load_script("sass_counts")
     rng = np.random.default_rng()
     pool = ["FFMA", "LDG.E.128", "IMAD.WIDE", "SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING", "LEA.HI.X", "EXIT"]
     kernels = {name: [pool[i] for i in rng.integers(0, len(pool), int(rng.integers(3, 40)))]
@@ -43,7 +33,7 @@ def test_opcodes_are_read_per_kernel_in_code_order():
 
 
 def test_phases_split_at_each_barrier():
-    sass = load_script()
+    sass = load_script("sass_counts")
     rng = np.random.default_rng()
     runs = [int(x) for x in rng.integers(0, 9, int(rng.integers(1, 6)))]
     opcodes = []

@@ -4,17 +4,9 @@ from an Nsight Compute source-page CSV."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "stall_summary.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("stall_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from scripts_loader import load_script
 
 
 def write_export(path: Path, rows: list[tuple[str, str, int, int, int, int]]) -> None:
@@ -34,7 +26,7 @@ def test_summary_reports_shares_offsets_and_the_top_instruction_first(tmp_path):
     write_export(path, [("0x7f0000000000", "LDG.E.128 R4, [R2]", 10, 4096, 0, 10),
                         ("0x7f0000000010", "BAR.SYNC.DEFER_BLOCKING 0x0", 0, 4096, 0, 0),
                         ("0x7f0000000020", "@P0 BRA 0x7f0000000100", 30, 4096, 30, 0)])
-    text = load_script().summarise(str(path), top=2)
+    text = load_script("stall_summary").summarise(str(path), top=2)
     lines = text.splitlines()
     assert lines[0].startswith("replay_step: 40 stall samples, 12288 warp instructions executed")
     assert "barrier 75.0%" in lines[1] and "long_sb 25.0%" in lines[1]  # 'Not Issued' columns left out
