@@ -59,15 +59,15 @@ extern "C" __global__ void spin(unsigned long long ns) {  // one thread: busy un
 _spin_kernels = {}
 
 
-def hold_gpu(cp, stream=None) -> None:
-    """Enqueue ``SPIN_NS`` of busy GPU work on ``stream`` (CuPy's current one by default). Timed launches
+def hold_gpu(cp, stream) -> None:
+    """Enqueue ``SPIN_NS`` of busy GPU work on ``stream``. Timed launches
     come right after it, so the start event is recorded when the GPU reaches it, with the launch already
     queued behind it: the time is the GPU's, not the host's enqueueing of the launch (which an engine's
     graph of many layers does not pay per layer)."""
     device = cp.cuda.Device().id
     if device not in _spin_kernels:
         _spin_kernels[device] = cp.RawKernel(_SPIN_SOURCE, "spin")
-    with (stream if stream is not None else cp.cuda.get_current_stream()):
+    with stream:
         _spin_kernels[device]((1,), (1,), (np.uint64(SPIN_NS),))
 
 
@@ -240,24 +240,9 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
         mode = "graph"
     except Exception as exc:  # some versions do not capture; fall back to eager launches
         launch, mode = call, f"eager ({type(exc).__name__})"
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(3):
-        launch(i)
     import cupy as cp
-    held = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    times, enqueue = [], []
-    for i in range(reps):
-        hold_gpu(cp, held)
-        t0 = time.perf_counter()
-        starts[i].record()
-        launch(i)
-        ends[i].record()
-        enqueue.append(time.perf_counter() - t0)
-        ends[i].synchronize()
-        times.append(starts[i].elapsed_time(ends[i]))
-    warn_if_enqueue_outlasts_hold(enqueue)
-    return float(np.median(times)), mode
+    with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # the stream torch launches on
+        return _median_ms(cp, launch, reps), mode
 
 
 KERNELS = ("replay", "flush", "conventional", "verify", "speculative", "snapshot", "fla", "floors")
