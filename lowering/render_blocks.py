@@ -287,27 +287,25 @@ def decay_between(decl, a: str, b: str, e: str = "e") -> str:
     return f"expf(sh_G[({a}) * K + {e}] - sh_G[({b}) * K + {e}])"
 
 
-def _warp_row(rows: str, first: str) -> tuple[str, str]:
-    """Row r of the warp's ``rows`` rows from ``first`` on: its index in V, and the check that it is one
-    of the warp's rows and below V (the first part dropped when the rows are all RPW of them)."""
+def _warp_rows(rows: str, first: str) -> tuple[str, list[str]]:
+    """Row r of the warp's ``rows`` rows from ``first`` on: its offset among the warp's RPW rows
+    (``first + `` or nothing), and the check that it is one of them (none when the rows are all RPW)."""
     offset = "" if first == "0" else f"{first} + "
-    if rows == "RPW" and first == "0":
-        return "v0 + warp * RPW + r", "row < V"
-    return f"v0 + warp * RPW + {offset}r", f"{offset}r < RPW && row < V"
+    return offset, ([] if rows == "RPW" and first == "0" else [f"{offset}r < RPW"])
 
 
 def row_loads(state_expr: str, rows: str = "RPW", first: str = "0") -> list[str]:
     """Issue every state-row load of the warp first: they fly while the head-level work runs. Rows past
     V (a partial last tile) hold zeros, so the row loop runs branch-free and only the stores check.
     ``rows`` rows of the warp from its row ``first`` on (``s[rows][KE]``)."""
-    index, inside = _warp_row(rows, first)
-    past = "V" if inside == "row < V" else "the warp's rows or V"
+    offset, within = _warp_rows(rows, first)
+    past = "the warp's rows or V" if within else "V"
     return [
         f"float s[{rows}][KE];",
         "#pragma unroll",
         f"for (int r = 0; r < {rows}; ++r) {{",
-        f"    const int row = {index};",
-        f"    if ({inside}) load_row({state_expr}, s[r], lane);",
+        f"    const int row = v0 + warp * RPW + {offset}r;",
+        f"    if ({' && '.join(within + ['row < V'])}) load_row({state_expr}, s[r], lane);",
         "    else {",
         "        #pragma unroll",
         f"        for (int i = 0; i < KE; ++i) s[r][i] = 0.f;  // past {past}: computed on zeros, never stored",
@@ -319,11 +317,11 @@ def row_loads(state_expr: str, rows: str = "RPW", first: str = "0") -> list[str]
 def row_records(rows: str = "RPW", first: str = "0") -> list[str]:
     """Lane i of a warp holds record i's write at each of the warp's rows (``rows`` of them from
     ``first`` on; 0 past the records and past the warp's rows)."""
-    offset = "" if first == "0" else f"{first} + "
-    inside = "lane < n" if rows == "RPW" and first == "0" else f"lane < n && {offset}r < RPW"
+    offset, within = _warp_rows(rows, first)
     return [f"float wv[{rows}];",
             "#pragma unroll",
-            f"for (int r = 0; r < {rows}; ++r) wv[r] = ({inside}) ? sh_w[lane * (BV + 1) + warp * RPW + {offset}r] : 0.f;"]
+            f"for (int r = 0; r < {rows}; ++r) wv[r] = ({' && '.join(['lane < n'] + within)}) ? "
+            f"sh_w[lane * (BV + 1) + warp * RPW + {offset}r] : 0.f;"]
 
 
 def fold_keys(decl, last: str, count: str) -> list[str]:
@@ -386,9 +384,9 @@ def rows_reduced_group(decl, group: str, first: str, end: str, parts: list[str],
 
 def store_rows(target: str, rows: str = "RPW", first: str = "0") -> list[str]:
     """Store the warp's rows in ``s`` (``rows`` of them from ``first`` on) that are below V."""
-    index, inside = _warp_row(rows, first)
-    return ["#pragma unroll", f"for (int r = 0; r < {rows}; ++r) {{", f"    const int row = {index};",
-            f"    if ({inside}) store_row({target}, s[r], lane);", "}"]
+    offset, within = _warp_rows(rows, first)
+    return ["#pragma unroll", f"for (int r = 0; r < {rows}; ++r) {{", f"    const int row = v0 + warp * RPW + {offset}r;",
+            f"    if ({' && '.join(within + ['row < V'])}) store_row({target}, s[r], lane);", "}"]
 
 
 def output_store(f: Facts) -> str:
