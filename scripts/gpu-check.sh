@@ -11,39 +11,41 @@ what=" ${*:-all} "
 wants() { [[ $what == *" all "* || $what == *" $1 "* ]]; }
 . "$(dirname "$0")/device-setup.sh"
 summary=()
+# run_logged LOG LABEL CMD...: run CMD, append its output to $OUT/LOG under "== LABEL: rc=N"; leaves rc
+# and the output in /tmp/part.log (one log per part: at most 8 files come back from $OUT)
+run_logged() {
+  local log=$1 label=$2; shift 2
+  "$@" > /tmp/part.log 2>&1
+  rc=$?
+  { echo "== $label: rc=$rc"; cat /tmp/part.log; } >> "$OUT/$log"
+}
 if wants tests; then
   python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
 fi
-if wants sanitize; then  # both tools' output in one log
+if wants sanitize; then
   : > "$OUT/sanitize.log"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py > /tmp/sanitize.log 2>&1
-    rc=$?
-    { echo "== compute-sanitizer --tool $tool: rc=$rc"; cat /tmp/sanitize.log; } >> "$OUT/sanitize.log"
-    summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitize.log | tail -1)")
+    run_logged sanitize.log "compute-sanitizer --tool $tool" \
+      compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py
+    summary+=("compute-sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/part.log | tail -1)")
   done
 fi
-if wants examples; then  # one log for all of them: at most 8 files come back from $OUT
+if wants examples; then
   : > "$OUT/examples.log"
   for ex in examples/*.py; do
-    python3 "$ex" --backend cuda > /tmp/example.log 2>&1
-    rc=$?
-    { echo "== $ex --backend cuda: rc=$rc"; cat /tmp/example.log; } >> "$OUT/examples.log"
-    summary+=("$(basename "$ex"): rc=$rc $(tail -1 /tmp/example.log)")
+    run_logged examples.log "$ex --backend cuda" python3 "$ex" --backend cuda
+    summary+=("$(basename "$ex"): rc=$rc $(tail -1 /tmp/part.log)")
   done
-  python3 -m replayssm_dsl.runtime.cli check gdn --backend cuda --preset qwen3.5-4b --steps 100 > /tmp/check.log 2>&1
-  rc=$?
-  { echo "== replayssm check gdn --backend cuda: rc=$rc"; cat /tmp/check.log; } >> "$OUT/examples.log"
-  summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 /tmp/check.log)")
+  run_logged examples.log "replayssm check gdn --backend cuda" \
+    python3 -m replayssm_dsl.runtime.cli check gdn --backend cuda --preset qwen3.5-4b --steps 100
+  summary+=("replayssm check gdn --backend cuda: rc=$rc $(tail -1 /tmp/part.log)")
 fi
 if wants hf; then
   : > "$OUT/hf.log"
   for ex in mamba2 qwen3_next kimi_linear; do
-    python3 examples/hf/$ex.py --device cuda > /tmp/hf.log 2>&1
-    rc=$?
-    { echo "== examples/hf/$ex.py --device cuda: rc=$rc"; cat /tmp/hf.log; } >> "$OUT/hf.log"
-    summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 /tmp/hf.log)")
+    run_logged hf.log "examples/hf/$ex.py --device cuda" python3 examples/hf/$ex.py --device cuda
+    summary+=("examples/hf/$ex.py --device cuda: rc=$rc $(tail -1 /tmp/part.log)")
   done
 fi
 if wants bench; then  # the table and the comparison go to stdout; results.md holds the table too
