@@ -143,10 +143,10 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += fill_load_lines(f, copies_in_flight=True)
         body += guarded("!EAGER_RECORDS", load_records(decl)) + token_fields
     body += ["cp_async_wait();", "__syncthreads();"]
-    if "set_fill" in f.stmts:
-        body += _arrive()
     body += _cumulate(decl)
     body.append("__syncthreads();")
+    if "set_fill" in f.stmts:
+        body += _arrive()
     scores = mma_scores if tensor_cores and decl.decay_form != "vector" else _scores  # a decay vector: SIMT
     body += scores(decl) + (mma_fragment_gather() if tensor_cores else [])
     append_guard = f.guards.get("append")
@@ -180,16 +180,19 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
 def _arrive() -> list[str]:
     """The fill update inside the step (no second launch): every CTA of the row reads ``fill[slot]``,
     so only the row's last CTA to have read it may write it. Past the first barrier every thread of
-    the CTA has used its ``n``: thread 0 counts the CTA in ``arrivals[slot]`` there (release), and
+    the CTA has used its ``n``: the last thread counts the CTA in ``arrivals[slot]`` (release), and
     the arrival that brings the count to V-tiles × heads (``atomicInc`` wraps it back to 0) writes
-    the fill at the end. Slots must be unique within a batch (the host checks; device batches must too)."""
+    the fill at the end. The count comes after the cumulate's barrier and on the last warp, which the
+    cumulate and the scores' first trips leave idle: the release fence stalls that warp alone, while
+    the others work, instead of the first warp between the first two barriers, which every warp then
+    waited for. Slots must be unique within a batch (the host checks; device batches must too)."""
     return ["const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one",
             "unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n",
-            "if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);"]
+            "if (tid == THREADS - 1) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);"]
 
 
 def _last_arrival_moves_fill(value: str) -> list[str]:
-    return ["if (tid == 0 && arrival == last_arrival) {",
+    return ["if (tid == THREADS - 1 && arrival == last_arrival) {",
             "    __threadfence();  // acquire: every CTA's read of n comes before the write",
             f"    fill[slot] = {NEXT_FILL[value]};",
             "}"]

@@ -834,9 +834,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     cp_async_wait();
     __syncthreads();
-    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
-    unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n
-    if (tid == 0) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);
     for (int e = tid; e < K; e += THREADS) {
         float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
         for (int j = 0; j < t; ++j) {
@@ -851,6 +848,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     __syncthreads();
+    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
+    unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n
+    if (tid == THREADS - 1) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[2 * SCORE_RECORDS];
@@ -956,7 +956,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == 0 && arrival == last_arrival) {
+    if (tid == THREADS - 1 && arrival == last_arrival) {
         __threadfence();  // acquire: every CTA's read of n comes before the write
         fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
     }
