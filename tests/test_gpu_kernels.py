@@ -262,6 +262,45 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
             assert np.array_equal(cache.fills(), to_host(before["fill"]))
 
 
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_a_fill_no_kernel_writes_touches_nothing(name):
+    """A corrupted fill (past capacity, negative, or all ones in the low 16 bits) makes the replay step
+    skip the slot's row: with the row alone every buffer keeps its bytes, the fill included; beside a
+    valid row through a flush, the slot's buffers keep theirs, its output stays poisoned and the other
+    row still matches an eager twin (the CPU twin of this is test_cpu_row_checks)."""
+    import cupy as cp
+    decl, shape, config = ALL_DECLS[name], ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
+    rng = np.random.default_rng(13)
+    params = random_params(decl, shape, rng)
+    cache = cuda_cache()(decl, shape, config, slots=2, params=params)
+    twin = cuda_cache()(decl, shape, config, slots=2, params=params)
+    S0 = random_state(shape, rng, (2,)).astype(np.float32)
+    cache.load([0, 1], S0)
+    twin.load([0, 1], S0)
+    batch = {"slot": cp.asarray([0, 1], cp.int32), "src_page": cp.asarray([0, 1], cp.int32),
+             "dst_page": cp.asarray([0, 1], cp.int32), "drafts": cp.ones(2, cp.int32),
+             "accepted": cp.zeros(2, cp.int32)}
+    slot_one = [key for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill") if key in cache.buffers]
+    for bad_fill in (config.capacity + 1, -1, 2**16 - 1):
+        cache.buffers["fill"][1] = bad_fill
+        for step in range(5):  # slot 0 goes through a flush (window 4)
+            toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
+            out = cp.full((2, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
+            before = {k: v.copy() for k, v in cache.buffers.items()}
+            cache.launch_step(dict(batch, slot=cp.asarray([-1, 1], cp.int32)), toks, out)
+            for key, value in cache.buffers.items():
+                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed at fill {bad_fill}"
+            assert bool(cp.isnan(out).all()), f"a row at fill {bad_fill} wrote its output"
+            cache.launch_step(batch, toks, out)  # row 0 valid, row 1 at the corrupt fill
+            for key in slot_one:
+                assert cp.array_equal(before[key][1], cache.buffers[key][1], equal_nan=True), \
+                    f"{key} of the slot at fill {bad_fill} changed beside a valid row, step {step}"
+            want = twin.step([0], {k: v[:1, 0] for k, v in toks.items()})
+            assert_close(out[:1, 0], want, 1e-6, f"valid row beside one at fill {bad_fill}, step {step}")
+            assert bool(cp.isnan(out[1]).all())
+    assert cache.fills()[0] == twin.fills()[0]
+
+
 def test_gpu_torch_tensors_and_stream_without_copies():
     torch = pytest.importorskip("torch")
     decl, shape = ALL_DECLS["mamba2"], ModelShape(4, 2, 16, 32)
