@@ -210,20 +210,27 @@ def test_gpu_cuda_graph_replays_a_decode_step_like_eager():
     assert np.array_equal(graphed.fills(), eager.fills())
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
-def test_gpu_rows_outside_the_cache_touch_nothing(name):
-    """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger
-    cache must make the kernels skip the row. Every buffer keeps its bytes, the row's output stays
-    poisoned, and the valid rows of the same batch still match an eager twin."""
-    import cupy as cp
+def _two_loaded_caches(name: str, seed: int):
+    """A CUDA cache and an eager twin of it (2 slots, window 4, T_max 2, ``[2, 2, 64, 64]`` heads),
+    both loaded with the same random checkpoints, for the tests that feed device batch arrays."""
     decl, shape, config = ALL_DECLS[name], ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
-    rng = np.random.default_rng(12)
+    rng = np.random.default_rng(seed)
     params = random_params(decl, shape, rng)
     cache = cuda_cache()(decl, shape, config, slots=2, params=params)
     twin = cuda_cache()(decl, shape, config, slots=2, params=params)
     S0 = random_state(shape, rng, (2,)).astype(np.float32)
     cache.load([0, 1], S0)
     twin.load([0, 1], S0)
+    return decl, shape, config, cache, twin, rng
+
+
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_rows_outside_the_cache_touch_nothing(name):
+    """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger
+    cache must make the kernels skip the row. Every buffer keeps its bytes, the row's output stays
+    poisoned, and the valid rows of the same batch still match an eager twin."""
+    import cupy as cp
+    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=12)
     bad = [(5, 1, 1), (1, 7, 1), (1, 1, 9), (1, 2, 1), (1, 1, 2), (1, -1, 1), (1, 1, -1),
            (2, 0, 0)]  # slot, src page, dst page: one of them outside [0, 2) (the last row is reused below)
     for step in range(6):  # through a flush (window 4)
@@ -269,14 +276,7 @@ def test_gpu_a_fill_no_kernel_writes_touches_nothing(name):
     valid row through a flush, the slot's buffers keep theirs, its output stays poisoned and the other
     row still matches an eager twin (the CPU twin of this is test_cpu_row_checks)."""
     import cupy as cp
-    decl, shape, config = ALL_DECLS[name], ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
-    rng = np.random.default_rng(13)
-    params = random_params(decl, shape, rng)
-    cache = cuda_cache()(decl, shape, config, slots=2, params=params)
-    twin = cuda_cache()(decl, shape, config, slots=2, params=params)
-    S0 = random_state(shape, rng, (2,)).astype(np.float32)
-    cache.load([0, 1], S0)
-    twin.load([0, 1], S0)
+    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=13)
     batch = {"slot": cp.asarray([0, 1], cp.int32), "src_page": cp.asarray([0, 1], cp.int32),
              "dst_page": cp.asarray([0, 1], cp.int32), "drafts": cp.ones(2, cp.int32),
              "accepted": cp.zeros(2, cp.int32)}
