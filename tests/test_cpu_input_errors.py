@@ -22,7 +22,7 @@ from replayssm_dsl.errors import CapacityError, ConfigError, InputError
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
-from twin import assert_close
+from twin import assert_close, buffers_snapshot
 
 SHAPE = ModelShape(heads=4, key_heads=2, v_dim=6, k_dim=5)
 CONFIG = ReplayConfig(window=4, max_drafts=3)  # capacity 7
@@ -64,10 +64,6 @@ class Busy:
             assert_close(got[s], self.state[s], 1e-9, f"materialize slot {s}")
 
 
-def snapshot(cache) -> dict:
-    return {k: np.array(v, copy=True) for k, v in cache.buffers.items()}
-
-
 def assert_same(before: dict, cache, what: str):
     assert sorted(before) == sorted(cache.buffers), f"{what}: buffers added or removed"
     for name, arr in before.items():
@@ -80,7 +76,7 @@ def assert_same(before: dict, cache, what: str):
 def refused(cache, exc, *fragments, exact: bool = False):
     """The call inside raises ``exc`` (exactly that class when ``exact``), its message holds every
     fragment, and no buffer of ``cache`` changed."""
-    before = snapshot(cache)
+    before = buffers_snapshot(cache)
     pending = cache._last_verify
     with pytest.raises(exc) as info:
         yield info
@@ -292,7 +288,7 @@ def test_pages_of_wrong_length(busy):
 def test_padded_rows_ignore_pages_and_touch_nothing(busy):
     """A null slot's page and tokens are not read; the live rows still match the oracle."""
     toks = busy.tokens(3)
-    before = snapshot(busy.cache)
+    before = buffers_snapshot(busy.cache)
     out = busy.cache.step([-1, 0, -1], toks, src_pages=[-7, 0, 99])
     busy_o, busy.state[0] = plain_recurrence(busy.decl, SHAPE, {k: v[1:2] for k, v in toks.items()},
                                              busy.params, busy.state[0])
@@ -492,7 +488,7 @@ def test_operation_while_a_folding_verify_is_pending_is_refused_or_harmless(then
     _, b.state[2] = plain_recurrence(b.decl, SHAPE, {k: v[0] for k, v in vt.items()}, b.params, b.state[2])
     assert c.fills()[2] == 6
     c.verify([2], b.tokens(1, 3), [3])  # folds the 6 records before writing the drafts; fill stays 6
-    before = snapshot(c)
+    before = buffers_snapshot(c)
     try:
         if then == "step":
             b.step([2])

@@ -11,6 +11,7 @@ import pytest
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+from twin import assert_buffers_kept, buffers_snapshot
 
 SHAPE, CONFIG = ModelShape(4, 2, 16, 8), ReplayConfig(window=4, max_drafts=2)
 
@@ -28,25 +29,16 @@ def _batch(slot, src, dst, drafts=1, accepted=0) -> dict:
             {"slot": [slot], "src_page": [src], "dst_page": [dst], "drafts": [drafts], "accepted": [accepted]}.items()}
 
 
-def _snapshot(cache) -> dict:
-    return {k: v.copy() for k, v in cache.buffers.items()}
-
-
-def _assert_untouched(cache, before, what):
-    for key, value in cache.buffers.items():
-        assert np.array_equal(before[key], value, equal_nan=True), f"{key} changed: {what}"
-
-
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 @pytest.mark.parametrize("row", [(2, 0, 0), (0, 2, 0), (0, 0, 2), (-1, 0, 0), (0, -1, 0), (0, 0, -1), (1, 0, 9)])
 def test_rows_outside_the_cache_touch_nothing(name, row):
     cache, rng = _loaded(name, 3)
     for _ in range(CONFIG.window + 1):  # every fill, through a flush
-        before = _snapshot(cache)
+        before = buffers_snapshot(cache)
         toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
         out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
         cache._launch("replay_step", 1, _batch(*row), toks, out=out)
-        _assert_untouched(cache, before, f"step of row {row}")
+        assert_buffers_kept(np, cache, before, f"step of row {row}")
         assert np.isnan(out).all(), "a skipped row wrote its output"
         cache.step([0], {k: v[:, 0] for k, v in toks.items()})  # move slot 0 to its next fill
 
@@ -57,14 +49,14 @@ def test_draft_counts_the_buffers_or_tokens_cannot_hold_touch_nothing(name, draf
     cache, rng = _loaded(name, 4)
     for fill in range(CONFIG.capacity + 1):  # every fill, including those where verify would fold first
         cache.buffers["fill"][0] = fill
-        before = _snapshot(cache)
+        before = buffers_snapshot(cache)
         toks = random_tokens(cache.decl, SHAPE, rng, (1, t_tok))
         out = cache.poisoned((1, t_tok, SHAPE.heads, SHAPE.v_dim))
         batch = _batch(0, 0, 0, drafts=drafts, accepted=min(drafts, 1))
         cache._launch("flush_for_verify", 1, batch, t_tok=t_tok)
         cache._launch("verify", 1, batch, toks, out=out)
         cache._launch("commit", 1, batch, t_tok=t_tok)
-        _assert_untouched(cache, before, f"verify of {drafts} drafts with T = {t_tok} at fill {fill}")
+        assert_buffers_kept(np, cache, before, f"verify of {drafts} drafts with T = {t_tok} at fill {fill}")
         assert np.isnan(out).all(), "a skipped row wrote its output"
 
 
@@ -83,11 +75,11 @@ def test_accepted_past_drafts_or_negative_keeps_the_fill():
 def test_a_fill_past_capacity_touches_nothing():
     cache, rng = _loaded("kda", 6)
     cache.buffers["fill"][0] = CONFIG.capacity + 1  # a corrupted fill: no kernel writes one
-    before = _snapshot(cache)
+    before = buffers_snapshot(cache)
     toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
     out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
     cache._launch("replay_step", 1, _batch(0, 0, 0), toks, out=out)
-    _assert_untouched(cache, before, "step at a fill past capacity")
+    assert_buffers_kept(np, cache, before, "step at a fill past capacity")
     assert np.isnan(out).all()
 
 

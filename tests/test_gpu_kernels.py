@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from replayssm_dsl import ModelShape, Recurrence, ReplayConfig, delta, ops, variants
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
-from twin import ReplayTwin, assert_close, to_host
+from twin import ReplayTwin, assert_buffers_kept, assert_close, buffers_snapshot, to_host
 
 pytestmark = pytest.mark.gpu
 FP32_TOL = 2e-4
@@ -224,6 +224,17 @@ def _two_loaded_caches(name: str, seed: int):
     return decl, shape, config, cache, twin, rng
 
 
+def _device_batch(cp, slots, src, dst, drafts=(1, 1), accepted=(0, 0)) -> dict:
+    """The batch arrays of two rows as device int32 arrays (the graph path: no host checks)."""
+    return {name: cp.asarray(values, cp.int32) for name, values in
+            (("slot", slots), ("src_page", src), ("dst_page", dst), ("drafts", drafts), ("accepted", accepted))}
+
+
+def _step_tokens(cp, decl, shape, rng) -> dict:
+    """Fresh random tokens of one step for two rows, on the device: ``[2, 1, ...]``."""
+    return {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
+
+
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 def test_gpu_rows_outside_the_cache_touch_nothing(name):
     """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger
@@ -235,15 +246,12 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
            (2, 0, 0)]  # slot, src page, dst page: one of them outside [0, 2) (the last row is reused below)
     for step in range(6):  # through a flush (window 4)
         for slot, src, dst in bad:
-            batch = {"slot": cp.asarray([0, slot], cp.int32), "src_page": cp.asarray([0, src], cp.int32),
-                     "dst_page": cp.asarray([0, dst], cp.int32), "drafts": cp.ones(2, cp.int32),
-                     "accepted": cp.zeros(2, cp.int32)}
-            before = {k: v.copy() for k, v in cache.buffers.items()}
-            toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
+            batch = _device_batch(cp, [0, slot], [0, src], [0, dst])
+            before = buffers_snapshot(cache)
+            toks = _step_tokens(cp, decl, shape, rng)
             out = cp.full((2, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
             cache.launch_step(dict(batch, slot=cp.asarray([-1, slot], cp.int32)), toks, out)
-            for key, value in cache.buffers.items():
-                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed for row {(slot, src, dst)}"
+            assert_buffers_kept(cp, cache, before, f"for row {(slot, src, dst)}")
             assert bool(cp.isnan(out).all()), "a skipped row wrote its output"
         cache.launch_step(batch, toks, out)  # row 0 valid, row 1 out of range
         want = twin.step([0], {k: v[:1, 0] for k, v in toks.items()})
@@ -254,17 +262,14 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
     T = config.max_drafts + 1
     toks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2, T)).items()}
     for drafts, accepted in (([0, 1], [0, 0]), ([T, 1], [0, 0]), ([2, 1], [3, 0])):
-        batch = {"slot": cp.asarray([0, 1], cp.int32), "src_page": cp.asarray([0, 1], cp.int32),
-                 "dst_page": cp.asarray([0, 1], cp.int32), "drafts": cp.asarray(drafts, cp.int32),
-                 "accepted": cp.asarray(accepted, cp.int32)}
-        before = {k: v.copy() for k, v in cache.buffers.items()}
+        batch = _device_batch(cp, [0, 1], [0, 1], [0, 1], drafts, accepted)
+        before = buffers_snapshot(cache)
         out = cp.full((2, T, shape.heads, shape.v_dim), np.nan, cp.float32)
         cache.launch_verify(dict(batch, slot=cp.asarray([0, -1], cp.int32)), toks, out)
         cache.launch_commit(dict(batch, slot=cp.asarray([0, -1], cp.int32)))
         if drafts[0] != 2:  # a verify of 0 or T_max + 1 drafts touches nothing
             assert bool(cp.isnan(out).all())
-            for key, value in cache.buffers.items():
-                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed for drafts {drafts}"
+            assert_buffers_kept(cp, cache, before, f"for drafts {drafts}")
         else:  # a valid verify, then a commit of more than it drafted: the fill stays put
             assert np.array_equal(cache.fills(), to_host(before["fill"]))
 
@@ -277,19 +282,16 @@ def test_gpu_a_fill_no_kernel_writes_touches_nothing(name):
     row still matches an eager twin (the CPU twin of this is test_cpu_row_checks)."""
     import cupy as cp
     decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=13)
-    batch = {"slot": cp.asarray([0, 1], cp.int32), "src_page": cp.asarray([0, 1], cp.int32),
-             "dst_page": cp.asarray([0, 1], cp.int32), "drafts": cp.ones(2, cp.int32),
-             "accepted": cp.zeros(2, cp.int32)}
+    batch = _device_batch(cp, [0, 1], [0, 1], [0, 1])
     slot_one = [key for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill") if key in cache.buffers]
     for bad_fill in (config.capacity + 1, -1, 2**16 - 1):
         cache.buffers["fill"][1] = bad_fill
         for step in range(5):  # slot 0 goes through a flush (window 4)
-            toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
+            toks = _step_tokens(cp, decl, shape, rng)
             out = cp.full((2, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
-            before = {k: v.copy() for k, v in cache.buffers.items()}
+            before = buffers_snapshot(cache)
             cache.launch_step(dict(batch, slot=cp.asarray([-1, 1], cp.int32)), toks, out)
-            for key, value in cache.buffers.items():
-                assert cp.array_equal(before[key], value, equal_nan=True), f"{key} changed at fill {bad_fill}"
+            assert_buffers_kept(cp, cache, before, f"at fill {bad_fill}")
             assert bool(cp.isnan(out).all()), f"a row at fill {bad_fill} wrote its output"
             cache.launch_step(batch, toks, out)  # row 0 valid, row 1 at the corrupt fill
             for key in slot_one:

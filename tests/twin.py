@@ -31,6 +31,18 @@ def assert_close(got, want, tol: float, what: str = "") -> float:
     return err
 
 
+def buffers_snapshot(cache) -> dict:
+    """A copy of every buffer of a replay cache, where it lives (NumPy or CuPy)."""
+    return {k: v.copy() for k, v in cache.buffers.items()}
+
+
+def assert_buffers_kept(xp, cache, before: dict, what: str) -> None:
+    """Every buffer of ``cache`` holds the bytes of ``before`` (``buffers_snapshot``; NaN equal to NaN);
+    ``xp``: NumPy for the CPU cache, CuPy for the CUDA one."""
+    for key, value in cache.buffers.items():
+        assert xp.array_equal(before[key], value, equal_nan=True), f"{key} changed: {what}"
+
+
 class ReplayTwin:
     def __init__(self, cache_cls, decl, shape, config, rng, slots: int = 4, tol: float = 1e-9, **kw):
         """``cache_cls``: ``CpuReplayCache``, ``CudaReplayCache`` or any class with their API."""
