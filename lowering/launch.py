@@ -92,7 +92,7 @@ def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     st = "STATE_T*"
     args = [(st, "checkpoint"), (st, "state"), (st, "snapshots"), ("const float*", "initial"),
             ("float*", "materialized"), ("float*", "rec_decay"), ("float*", "rec_write"), ("float*", "rec_key"),
-            ("int*", "fill"), ("int*", "arrivals"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
+            ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
             ("const int*", "drafts"), ("const int*", "accepted")]
     for spec in program.declaration.inputs:
         args.append(("const float*", ("tok_" if spec.kind == "token" else "par_") + spec.name))

@@ -47,9 +47,8 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
     bufs += [
         Buffer("rec_write", "record", "float32", ("slots", "HV", "cap", "V"), "writes w_i (corrections for the delta rule)"),
         Buffer("rec_key", "record", "float32", ("slots", key_heads, "cap", "K"), "keys k_i, once per key head"),
-        Buffer("fill", "meta", "int32", ("slots",), "records committed per slot (the device-side truth)"),
-        Buffer("arrivals", "meta", "int32", ("slots",), "replay_step's CTAs of a slot done with its fill; zero it at creation "
-               "(every launch leaves it zero: the last CTA to arrive resets it and moves the fill)"),
+        Buffer("fill", "meta", "int32", ("slots",), "records committed per slot (the device-side truth; during a "
+               "replay_step launch its high 16 bits count the slot's CTAs that have read it, zero again at the end)"),
         Buffer("slot", "batch", "int32", ("B",), "slot per batch row; < 0 is the null slot (padding)"),
         Buffer("src_page", "batch", "int32", ("B",), "checkpoint page read"),
         Buffer("dst_page", "batch", "int32", ("B",), "checkpoint page written by a flush or load"),

@@ -144,10 +144,15 @@ def fill_load_lines(f: Facts, copies_in_flight: bool = False) -> list[str]:
         lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) {stop}"]
     elif f.family != "copy":
         lines.append("const int n = 0;")
-    if "flush_rule" in f.stmts:
-        rule = f.stmts["flush_rule"].attr("rule")
-        lines.append("const bool flush = " + ("n + 1 >= WINDOW;" if rule == "step" else "n + t > CAPACITY;"))
-    return lines
+    return lines + flush_rule_lines(f)
+
+
+def flush_rule_lines(f: Facts) -> list[str]:
+    """The flush decision from the fill ``n`` (none when the kernel has no flush rule)."""
+    if "flush_rule" not in f.stmts:
+        return []
+    rule = f.stmts["flush_rule"].attr("rule")
+    return ["const bool flush = " + ("n + 1 >= WINDOW;" if rule == "step" else "n + t > CAPACITY;")]
 
 
 def state_page_lines(f: Facts) -> list[str]:

@@ -30,7 +30,6 @@ ARGUMENT_DOCS = {
     "rec_write": ("float", "[slots, HV, cap, V]", "record writes"),
     "rec_key": ("float", "[slots, KEY_HEADS, cap, K]", "record keys"),
     "fill": ("int32", "[slots]", "records per slot; the device-side truth"),
-    "arrivals": ("int32", "[slots]", "zero it once at creation; replay_step counts its CTAs per slot here and leaves it zero (slots unique per batch)"),
     "slots": ("int32", "[B]", "slot per batch row, -1 = padded row (touches nothing)"),
     "src_page": ("int32", "[B]", "checkpoint page read"),
     "dst_page": ("int32", "[B]", "checkpoint page a flush or load writes"),

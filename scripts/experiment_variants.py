@@ -4,8 +4,8 @@ A measurement script for the GPU machine (not part of the library): for each pre
 size it times, with CUDA graphs and medians as ``replayssm bench`` does,
 
 * the conventional step and the replay step (mixed steady state) for each *variant*: the generated
-  source with a textual change applied before compilation (where the replay step's arrival and fill
-  check sit; with ``--cache-hints`` also cache hints on the state rows' loads and stores), so a change
+  source with a textual change applied before compilation (an L2 prefetch of a later CTA's rows;
+  with ``--cache-hints`` also cache hints on the state rows' loads and stores), so a change
   is measured before the code generator adopts it;
 * the replay step with every fill reset to 0 before each step (no records, no flush: the state read
   and the token's own work) and with every fill at L - 1 (each step folds its whole buffer);
@@ -17,7 +17,6 @@ Usage: ``python scripts/experiment_variants.py --presets qwen3.5-4b,kimi-linear 
 from __future__ import annotations
 
 import argparse
-import re
 
 import numpy as np
 
@@ -26,57 +25,15 @@ from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs
 
-ARRIVE = ("    if (tid == THREADS - 1) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);\n")
-RECORD_STORES = "    if (!flush) {\n        if (blockIdx.x == 0) {"
-FILL_CHECK = "    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }\n    const bool flush = n + 1 >= WINDOW;\n"
-LAZY_STAGE = "    if (!EAGER_RECORDS) {\n"
 LOAD = "const float4 v = *reinterpret_cast<const float4*>(row + e);"
 STORE_HEAD = "*reinterpret_cast<float4*>(row + e) =\n                    make_float4("
 VARIANTS = {  # label: [(old, new) or a function of the source, ...] replacements of the generated source, each of which must apply
     "base": [],
-    # the replay step's arrival (a release at gpu scope) after its scores, when its state rows have landed
-    "arrival after scores": [(ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
-    # the fill's check after the token's fields, so their loads need not wait for the fill
-    "fill check after fields": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE)],
-    "fill check after fields + arrival after scores": [(FILL_CHECK, ""), (LAZY_STAGE, FILL_CHECK + LAZY_STAGE),
-                                                      (ARRIVE, ""), (RECORD_STORES, ARRIVE + RECORD_STORES)],
-    # no release at all: what the arrival's ordering costs (not a correct kernel, a measurement)
-    "relaxed arrival": [("atom.release.gpu.global.inc.u32", "atom.relaxed.gpu.global.inc.u32")],
 }
-
-
-# Since d155e55 the generator itself copies the records right after the fill's check, so "fill check
-# after fields" and "records before fields" now render the base source (kept: they measured 4fbb6df).
-RENDER_THE_BASE = {"fill check after fields", "records before fields"}
-
-
-def _lazy_stage(source: str, label: str) -> str:
-    """The replay step's block that copies the n records (``if (!EAGER_RECORDS) { ... }``), from the
-    newline before it; SystemExit when the source has none."""
-    block = re.search(r"\n    if \(!EAGER_RECORDS\) \{\n.*?\n    \}\n", source, re.S)
-    if not block or FILL_CHECK not in source:
-        raise SystemExit(f"variant edit does not apply: {label}")
-    return block.group(0)
-
-
-def records_before_fields(source: str) -> str:
-    """The n records' copies issued as soon as the fill is checked, before the token's fields."""
-    block = _lazy_stage(source, "records before fields")
-    source = source.replace(block, "\n", 1)
-    return source.replace(FILL_CHECK, FILL_CHECK + block[1:], 1)
-
-
-FILL_LOAD = "    int n = fill[slot];\n"
-
-
-def records_first(source: str) -> str:
-    """The fill (by row), its check and the records' copies ahead of the state rows' loads."""
-    block = _lazy_stage(source, "records first")
-    if FILL_CHECK + block[1:] not in source:
-        raise SystemExit("variant edit does not apply: records first")
-    early = FILL_LOAD.replace("slot", "b") + FILL_CHECK + block[1:]
-    source = source.replace(FILL_CHECK + block[1:], "", 1).replace(FILL_LOAD, "", 1)
-    return source.replace("    int page = src;\n", early + "    int page = src;\n", 1)
+RENDER_THE_BASE: set[str] = set()  # variants whose edits now render the base source (none)
+# The placements of the replay step's fill read, its check and its release arrival measured at 4fbb6df
+# (benchmarks/results/experiments/h200-4fbb6df-step-variants.md) edited lines the step no longer has:
+# it reads the fill with one atomic that is also its arrival (no fence).
 
 
 def in_kernel(name: str, edit):
@@ -114,16 +71,6 @@ def l2_prefetch_ahead(ahead: int):
     return in_kernel("replay_step", edit)
 
 
-ACQ_REL_FENCE = [("__threadfence();  // acquire", 'asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire')]
-VARIANTS["records before fields"] = [records_before_fields]
-# the last arrival's acquire as fence.acq_rel instead of __threadfence's sequentially consistent fence
-VARIANTS["acq_rel fence"] = ACQ_REL_FENCE
-VARIANTS["records before fields + acq_rel fence"] = [records_before_fields] + ACQ_REL_FENCE
-# the fill read by batch row, not through the slot (the benchmark puts slot b in row b, so the same
-# values): its load no longer waits for the slot's. Not a kernel to ship, a bound on what a fill the
-# host passes with the batch would buy
-VARIANTS["fill by row (bound)"] = [(FILL_LOAD, "    int n = fill[b];\n")]
-VARIANTS["fill by row, records first (bound)"] = [records_first]
 for _waves, _ahead in (("half a wave", 264), ("a wave", 528), ("two waves", 1056)):
     VARIANTS[f"L2 prefetch {_waves} ahead"] = [l2_prefetch_ahead(_ahead)]
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure

@@ -105,7 +105,7 @@ def test_gpu_mixed_batch_at_every_fill_leaves_other_slots_untouched(name):
     for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill"):
         if key in before:
             assert np.array_equal(before[key][bystander], after[key][bystander]), f"{key} of an idle slot changed"
-    assert not after["arrivals"].any(), "replay_step left a CTA count behind (the next step would not move a fill)"
+    assert after["fill"].max() < 2 ** 16, "replay_step left a CTA count in a fill word (the next step would not move it)"
 
 
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])

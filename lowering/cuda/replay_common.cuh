@@ -159,14 +159,20 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
-// operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
-// + 1, so the last arrival sees `last` and leaves the counter zero.
-__device__ __forceinline__ unsigned int arrive_release(unsigned int* counter, unsigned int last) {
-    unsigned int old;
-    asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(last) : "memory");
-    return old;
-}
+// The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
+// bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
+// (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
+// read the fill before it writes the next (atomicity on the one word orders them; no fence needed).
+#define FILL_BITS 16
+#define FILL_MASK ((1u << FILL_BITS) - 1u)
+#define FILL_ARRIVAL (1u << FILL_BITS)
+// One arrival: the word as it was before it (the fill in the low bits, the earlier arrivals above).
+__device__ __forceinline__ unsigned int arrive_at_fill(unsigned int* word) { return atomicAdd(word, FILL_ARRIVAL); }
+// Take an arrival back (a CTA that found the word corrupt and touches nothing else).
+__device__ __forceinline__ void leave_fill(unsigned int* word) { atomicSub(word, FILL_ARRIVAL); }
+// The row's last arrival sets the next fill and zeroes the count (an atomic, so it follows its own
+// arrival, and through it every other one, on the word).
+__device__ __forceinline__ void set_fill_word(unsigned int* word, int next) { atomicExch(word, (unsigned int)next); }
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.

@@ -201,14 +201,20 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// Count one arrival at a gpu-scope counter with release semantics (this thread's earlier memory
-// operations, and through a preceding barrier its CTA's, come first); the count wraps to 0 at `last`
-// + 1, so the last arrival sees `last` and leaves the counter zero.
-__device__ __forceinline__ unsigned int arrive_release(unsigned int* counter, unsigned int last) {
-    unsigned int old;
-    asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(last) : "memory");
-    return old;
-}
+// The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
+// bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
+// (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
+// read the fill before it writes the next (atomicity on the one word orders them; no fence needed).
+#define FILL_BITS 16
+#define FILL_MASK ((1u << FILL_BITS) - 1u)
+#define FILL_ARRIVAL (1u << FILL_BITS)
+// One arrival: the word as it was before it (the fill in the low bits, the earlier arrivals above).
+__device__ __forceinline__ unsigned int arrive_at_fill(unsigned int* word) { return atomicAdd(word, FILL_ARRIVAL); }
+// Take an arrival back (a CTA that found the word corrupt and touches nothing else).
+__device__ __forceinline__ void leave_fill(unsigned int* word) { atomicSub(word, FILL_ARRIVAL); }
+// The row's last arrival sets the next fill and zeroes the count (an atomic, so it follows its own
+// arrival, and through it every other one, on the word).
+__device__ __forceinline__ void set_fill_word(unsigned int* word, int next) { atomicExch(word, (unsigned int)next); }
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.
@@ -303,7 +309,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -497,7 +502,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -682,7 +686,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -725,6 +728,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
     if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    __shared__ unsigned int sh_fill_word;
+    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);  // read the fill and count this CTA: one atomic
     int page = src;
     float s[RPW][KE];
     #pragma unroll
@@ -741,8 +746,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         stage_floats<VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, CAPACITY * K, tid);
         stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, CAPACITY, v0, tid);
     }
-    int n = fill[slot];
-    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
+    __syncthreads();  // thread 0's arrival holds the fill
+    int n = (int)(sh_fill_word & FILL_MASK);
+    const unsigned int arrival = sh_fill_word >> FILL_BITS;  // the row's CTAs that read it before this one
+    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
+    if (n < 0 || n > CAPACITY || arrival > last_arrival) {
+        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);
+        cp_async_wait();
+        return;
+    }
     const bool flush = n + 1 >= WINDOW;
     if (!EAGER_RECORDS) {
         stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -848,9 +860,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     __syncthreads();
-    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
-    unsigned int arrival = 0;  // this CTA's place among the row's CTAs done reading n
-    if (tid == THREADS - 1) arrival = arrive_release(reinterpret_cast<unsigned int*>(arrivals) + slot, last_arrival);
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[2 * SCORE_RECORDS];
@@ -956,10 +965,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == THREADS - 1 && arrival == last_arrival) {
-        __threadfence();  // acquire: every CTA's read of n comes before the write
-        fill[slot] = (n + 1 >= WINDOW) ? 0 : n + 1;
-    }
+    if (tid == 0 && arrival == last_arrival) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)
@@ -981,7 +987,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1100,7 +1105,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1421,7 +1425,6 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1468,7 +1471,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1566,7 +1568,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1617,7 +1618,6 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1662,7 +1662,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
     int* __restrict__ fill,
-    int* __restrict__ arrivals,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
