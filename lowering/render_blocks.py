@@ -423,8 +423,9 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
         lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
                   f"__shared__ __align__(16) float sh_qd[{tq} * K];",
                   f"__shared__ __align__(16) float sh_kd[{tq} * K];",
-                  f"__shared__ float sh_sq[{tn} * NREC];",
-                  f"__shared__ float sh_sk[{tn} * NREC];"]
+                  f"__shared__ float sh_sq[{tn} * NREC];"]
+        if decl.is_delta:  # the scores against the token's key: only the delta rule's correction reads them
+            lines.append(f"__shared__ float sh_sk[{tn} * NREC];")
     if decl.decay_form == "scalar":
         lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":

@@ -175,8 +175,8 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
               "PARTS": row_parts(decl.is_delta), "ROWS_REDUCED": rows_reduced(launch.rows_per_warp, decl.is_delta),
               "VERIFY_ROWS_REDUCED": rows_reduced(launch.verify_rows, decl.is_delta),
-              # records per warp trip of the scores, their dot products in one reduction (a decay
-              # vector, recomputed per element, holds more registers per record)
+              # records per warp trip of the scores, their PARTS dot products each in one reduction (a
+              # decay vector, recomputed per element, holds more registers per record)
               "SCORE_RECORDS": 2 if decl.decay_form == "vector" else 4,
               "EAGER_RECORDS": int(launch.eager_records)}
     return [f"#define {name} {value}" for name, value in consts.items()]

@@ -41,25 +41,32 @@ def _cumulate(decl) -> list[str]:
 
 
 def _scores(decl) -> list[str]:
-    """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j and sk[j][i] = (…)·k_{n+j} for every record i ≤ n + j:
-    a warp takes ``SCORE_RECORDS`` records per trip, their 2·SCORE_RECORDS dot products in one
-    transpose reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it. The
-    first warp moves with the draft, so the drafts' last, partial trips fall on different warps."""
+    """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j for every record i ≤ n + j, and for delta rules
+    sk[j][i] = (…)·k_{n+j} too (only the delta rule's correction reads it): a warp takes
+    ``SCORE_RECORDS`` records per trip, their ``PARTS`` · SCORE_RECORDS dot products in one transpose
+    reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it. The first warp
+    moves with the draft, so the drafts' last, partial trips fall on different warps."""
     dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
     scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
-    dots = ["#pragma unroll", "for (int u = 0; u < SCORE_RECORDS; ++u) {",
-            "    const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored",
-            "    float aq = 0.f, ak = 0.f;",
-            "    #pragma unroll", "    for (int c = 0; c < KE; ++c) {", "        const int e = k_index(c, lane);",
-            "        if (e < K) {", f"            const float kd = sh_key[rec * K + e]{dec};",
-            "            aq += kd * sh_q[j * K + e];", "            ak += kd * sh_key[(n + j) * K + e];", "        }", "    }",
-            "    dot[u] = aq; dot[SCORE_RECORDS + u] = ak;", "}"]
-    body = (["float dot[2 * SCORE_RECORDS];"] + dots
+    if decl.is_delta:
+        sums = ["float aq = 0.f, ak = 0.f;"]
+        terms = ["aq += kd * sh_q[j * K + e];", "ak += kd * sh_key[(n + j) * K + e];"]
+        keep, target = "dot[u] = aq; dot[SCORE_RECORDS + u] = ak;", "(u < SCORE_RECORDS ? sh_sq : sh_sk)"
+    else:
+        sums, terms, keep, target = ["float aq = 0.f;"], ["aq += kd * sh_q[j * K + e];"], "dot[u] = aq;", "sh_sq"
+    dots = (["#pragma unroll", "for (int u = 0; u < SCORE_RECORDS; ++u) {",
+             "    const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored"]
+            + ["    " + line for line in sums]
+            + ["    #pragma unroll", "    for (int c = 0; c < KE; ++c) {", "        const int e = k_index(c, lane);",
+               "        if (e < K) {", f"            const float kd = sh_key[rec * K + e]{dec};"]
+            + ["            " + line for line in terms] + ["        }", "    }", "    " + keep, "}"])
+    body = (["float dot[PARTS * SCORE_RECORDS];"] + dots
             + ["const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES",
-               "constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);",
-               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;",
+               "constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);",
+               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;" if decl.is_delta
+               else "const int rec = i + lane / SCORE_LANES;",
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
-               f"    (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * {scale};"])
+               f"    {target}[j * NREC + rec] = sum * {scale};"])
     return (["for (int j = 0; j < t; ++j) {",
              "    for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {"]
             + ["        " + line for line in body] + ["    }", "}"])
@@ -178,6 +185,10 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
 
 
 _FILL_WORD = "reinterpret_cast<unsigned int*>(fill) + slot"  # (rebuilt where used: no pointer held through the step)
+# The row's CTAs that read the fill before this one, read from shared memory where used (a register held
+# from the first barrier to the end spilled at 80 registers); and the row's CTAs, less one.
+_ARRIVAL = "(sh_fill_word >> FILL_BITS)"
+_LAST_ARRIVAL = "(gridDim.x * gridDim.y - 1)"
 
 
 def _arrive() -> list[str]:
@@ -200,11 +211,9 @@ def _fill_from_arrival(f: Facts) -> list[str]:
     touches nothing (a corrupt high half with a fill in range is one the count cannot tell apart)."""
     return ["__syncthreads();  // thread 0's arrival holds the fill",
             "int n = (int)(sh_fill_word & FILL_MASK);",
-            "const unsigned int arrival = sh_fill_word >> FILL_BITS;  // the row's CTAs that read it before this one",
-            "const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one",
-            f"if ({FILL_UNHELD} || arrival > last_arrival) {{",
+            f"if ({FILL_UNHELD} || {_ARRIVAL} > {_LAST_ARRIVAL}) {{",
             f"    if (tid == 0) leave_fill({_FILL_WORD});", "    cp_async_wait();", "    return;", "}"] + flush_rule_lines(f)
 
 
 def _last_arrival_moves_fill(value: str) -> list[str]:
-    return [f"if (tid == 0 && arrival == last_arrival) set_fill_word({_FILL_WORD}, {NEXT_FILL[value]});"]
+    return [f"if (tid == 0 && {_ARRIVAL} == {_LAST_ARRIVAL}) set_fill_word({_FILL_WORD}, {NEXT_FILL[value]});"]

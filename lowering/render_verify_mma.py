@@ -91,6 +91,7 @@ def mma_scores(decl) -> list[str]:
     lane reads float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's."""
     assert decl.decay_form != "vector", "a decay vector does not factor out of the scores"
     scale = " * expf(sh_G[n + j] - sh_G[rec])" if decl.decay_form == "scalar" else ""
+    target = "(part ? sh_sk : sh_sq)" if decl.is_delta else "sh_sq"  # PARTS = 1 without a delta rule
     zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
     return [
         "for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {",
@@ -109,7 +110,7 @@ def mma_scores(decl) -> list[str]:
         "    #pragma unroll",
         "    for (int v = 0; v < 4; ++v) {",
         "        const int rec = v < 2 ? i0 : i1, j = 2 * quad + (v & 1);",
-        f"        if (j < t && rec <= n + j) (part ? sh_sk : sh_sq)[j * NREC + rec] = c[v]{scale};",
+        f"        if (j < t && rec <= n + j) {target}[j * NREC + rec] = c[v]{scale};",
         "    }",
         "}",
     ]

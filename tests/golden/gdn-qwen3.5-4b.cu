@@ -725,9 +725,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     __syncthreads();  // thread 0's arrival holds the fill
     int n = (int)(sh_fill_word & FILL_MASK);
-    const unsigned int arrival = sh_fill_word >> FILL_BITS;  // the row's CTAs that read it before this one
-    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
-    if (n < 0 || n > CAPACITY || arrival > last_arrival) {
+    if (n < 0 || n > CAPACITY || (sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {
         if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);
         cp_async_wait();
         return;
@@ -824,7 +822,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
-            float dot[2 * SCORE_RECORDS];
+            float dot[PARTS * SCORE_RECORDS];
             #pragma unroll
             for (int u = 0; u < SCORE_RECORDS; ++u) {
                 const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
@@ -841,7 +839,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
                 dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
-            constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);
+            constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
             const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
@@ -924,7 +922,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == 0 && arrival == last_arrival) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
+    if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)

@@ -673,7 +673,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_qd[1 * K];
     __shared__ __align__(16) float sh_kd[1 * K];
     __shared__ float sh_sq[1 * NREC];
-    __shared__ float sh_sk[1 * NREC];
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[1];
     __shared__ float sh_value[1 * BV];
@@ -705,9 +704,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     __syncthreads();  // thread 0's arrival holds the fill
     int n = (int)(sh_fill_word & FILL_MASK);
-    const unsigned int arrival = sh_fill_word >> FILL_BITS;  // the row's CTAs that read it before this one
-    const unsigned int last_arrival = gridDim.x * gridDim.y - 1;  // the row's CTAs, less one
-    if (n < 0 || n > CAPACITY || arrival > last_arrival) {
+    if (n < 0 || n > CAPACITY || (sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {
         if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);
         cp_async_wait();
         return;
@@ -788,27 +785,26 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __syncthreads();
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
-            float dot[2 * SCORE_RECORDS];
+            float dot[PARTS * SCORE_RECORDS];
             #pragma unroll
             for (int u = 0; u < SCORE_RECORDS; ++u) {
                 const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
-                float aq = 0.f, ak = 0.f;
+                float aq = 0.f;
                 #pragma unroll
                 for (int c = 0; c < KE; ++c) {
                     const int e = k_index(c, lane);
                     if (e < K) {
                         const float kd = sh_key[rec * K + e];
                         aq += kd * sh_q[j * K + e];
-                        ak += kd * sh_key[(n + j) * K + e];
                     }
                 }
-                dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
+                dot[u] = aq;
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
-            constexpr int SCORE_LANES = 32 / (2 * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
+            constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
+            const int rec = i + lane / SCORE_LANES;
             if (lane % SCORE_LANES == 0 && rec <= n + j)
-                (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
+                sh_sq[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
     if (!flush) {
@@ -887,7 +883,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == 0 && arrival == last_arrival) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
+    if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)
@@ -1057,7 +1053,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_qd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ __align__(16) float sh_kd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ float sh_sq[TMAX * NREC];
-    __shared__ float sh_sk[TMAX * NREC];
     __shared__ float sh_G[NREC];
     __shared__ float sh_g[TMAX];
     __shared__ float sh_value[TMAX * BV];
@@ -1186,7 +1181,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int v = 0; v < 4; ++v) {
             const int rec = v < 2 ? i0 : i1, j = 2 * quad + (v & 1);
-            if (j < t && rec <= n + j) (part ? sh_sk : sh_sq)[j * NREC + rec] = c[v] * expf(sh_G[n + j] - sh_G[rec]);
+            if (j < t && rec <= n + j) sh_sq[j * NREC + rec] = c[v] * expf(sh_G[n + j] - sh_G[rec]);
         }
     }
     constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread
