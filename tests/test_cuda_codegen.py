@@ -8,6 +8,7 @@ Golden files live in ``tests/golden/``; after an intended codegen change, regene
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,18 @@ def test_step_kernels_split_the_tokens_fields_across_warps(variant):
             assert f"if (warp == {warp} % WARPS) {{  // the one token's {field}" in body, (kernel, field)
     for kernel in ("snapshot_verify", "verify"):  # drafts: one warp per draft
         assert "for (int j = warp; j < t; j += WARPS)" in kernel_body(text, kernel)
+
+
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+@pytest.mark.parametrize("batch", [1, 256], ids=["simt-verify", "tensor-core-verify"])
+def test_only_delta_rules_score_records_against_the_tokens_key(variant, batch):
+    """The scores against the token's key (``sk``) feed the delta rule's correction alone: a variant
+    without one neither computes nor declares them, in the replay step or in verify (SIMT or tensor
+    cores, by launch shape); a delta rule does both."""
+    text = source(variant, "odd-grouped", batch=batch)
+    for kernel in ("replay_step", "verify"):
+        scores_key = re.search(r"\bsh_sk\b", kernel_body(text, kernel)) is not None
+        assert scores_key == variants.get(variant).is_delta, kernel
 
 
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
