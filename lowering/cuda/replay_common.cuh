@@ -188,12 +188,22 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
 
 // Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
 // sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past V; nothing past the fill, never read).
+// Each thread keeps one row rr and takes every WRITE_STRIDE-th record, so the division, the row's
+// bounds check and its address are worked out once, not per copy (THREADS / BV threads per row; the
+// THREADS % BV threads left over copy nothing).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        const bool valid = v0 + rr < V;
-        cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
+    constexpr int WRITE_STRIDE = THREADS / BV;  // records a pass of the CTA's threads covers (BV <= THREADS)
+    static_assert(WRITE_STRIDE >= 1, "stage_writes: a CTA's rows exceed its threads");
+    const int rr = tid % BV, first = tid / BV;
+    if (first >= WRITE_STRIDE) return;
+    const bool valid = v0 + rr < V;  // past V: zeros, read from row v0's address (in range, read nothing)
+    const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);
+    float* dst = sh_w + first * (BV + 1) + rr;
+    for (int i = first; i < n; i += WRITE_STRIDE) {
+        cp_async4(dst, src, valid);
+        src += WRITE_STRIDE * V;
+        dst += WRITE_STRIDE * (BV + 1);
     }
 }
 
