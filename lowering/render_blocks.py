@@ -322,11 +322,13 @@ def row_loads(state_expr: str, rows: str = "RPW", first: str = "0") -> list[str]
 def row_records(rows: str = "RPW", first: str = "0") -> list[str]:
     """Lane i of a warp holds record i's write at each of the warp's rows (``rows`` of them from
     ``first`` on; 0 past the records and past the warp's rows)."""
+    if rows == "RPW" and first == "0":
+        return ["float wv[RPW];", "load_record_rows(wv, sh_w, warp, lane, n);"]
     offset, within = _warp_rows(rows, first)
     return [f"float wv[{rows}];",
             "#pragma unroll",
             f"for (int r = 0; r < {rows}; ++r) wv[r] = ({' && '.join(['lane < n'] + within)}) ? "
-            f"sh_w[lane * (BV + 1) + warp * RPW + {offset}r] : 0.f;"]
+            f"sh_w[lane * W_PITCH + warp * RPW + {offset}r] : 0.f;"]
 
 
 def fold_keys(decl, last: str, count: str) -> list[str]:
@@ -420,7 +422,7 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
              f"__shared__ __align__(16) float sh_q[{tn} * K];",
              f"__shared__ float sh_beta[{tn}];"]
     if replay:
-        lines += ["__shared__ float sh_w[NREC * (BV + 1)];",
+        lines += ["__shared__ __align__(16) float sh_w[NREC * W_PITCH];",
                   f"__shared__ __align__(16) float sh_qd[{tq} * K];",
                   f"__shared__ __align__(16) float sh_kd[{tq} * K];",
                   f"__shared__ float sh_sq[{tn} * NREC];"]

@@ -79,7 +79,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     guard = f.guards.get("fold", "")
     if guard:
         body.append(f"if (!({guard})) return;")
-    body += ["__shared__ __align__(16) float sh_key[NREC * K];", "__shared__ float sh_w[NREC * (BV + 1)];"]
+    body += ["__shared__ __align__(16) float sh_key[NREC * K];", "__shared__ __align__(16) float sh_w[NREC * W_PITCH];"]
     if decl.decay_form == "scalar":
         body.append("__shared__ float sh_G[NREC];")
     elif decl.decay_form == "vector":
@@ -159,6 +159,15 @@ def render_kernel(kernel: Kernel, program: Program, launch: LaunchConfig) -> str
             + "\n".join("    " + line for line in body) + "\n}\n")
 
 
+def write_record_layout(rows_per_warp: int, rows_per_cta: int, v_dim: int) -> tuple[int, int]:
+    """The write records in shared memory: rows per copy and per load (4, 2 or 1: the widest that
+    divides a warp's rows and V, so chunks stay aligned and never straddle V), and the floats from one
+    record to the next: the CTA's rows plus one or two chunks, so that the pitch in chunks is odd and a
+    warp's loads (a record per lane, a chunk each) fall in distinct banks."""
+    vec = next(w for w in (4, 2, 1) if rows_per_warp % w == 0 and v_dim % w == 0)
+    return vec, rows_per_cta + (vec if (rows_per_cta // vec) % 2 == 0 else 2 * vec)
+
+
 def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     shape, cfg, decl = program.shape, program.config, program.declaration
     K = shape.k_dim
@@ -168,6 +177,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     if nrec > 32:
         raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "
                             "record per lane (use a smaller window or fewer drafts)")
+    w_vec, w_pitch = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, shape.v_dim)
     consts = {"HV": shape.heads, "H": shape.key_heads, "GROUP": shape.group_size, "V": shape.v_dim, "K": K,
               "KEY_HEADS": shape.key_heads if decl.key_level == "group" else shape.heads,
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
@@ -178,7 +188,9 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               # records per warp trip of the scores, their PARTS dot products each in one reduction (a
               # decay vector, recomputed per element, holds more registers per record)
               "SCORE_RECORDS": 2 if decl.decay_form == "vector" else 4,
-              "EAGER_RECORDS": int(launch.eager_records)}
+              "EAGER_RECORDS": int(launch.eager_records),
+              # the write records' copies and loads: W_VEC rows at a time; W_PITCH floats between records
+              "W_VEC": w_vec, "W_PITCH": w_pitch}
     return [f"#define {name} {value}" for name, value in consts.items()]
 
 

@@ -143,12 +143,12 @@ def _products(decl) -> list[str]:
                + rec_b
                + ["    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {",
                   "        const int r0 = 16 * mt + g, r1 = r0 + 8;",
-                  "        const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]",
+                  "        const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * W_PITCH + r]",
                   "        unsigned ab[4], as[4];",
-                  "        split_a_fragment(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f,",
-                  "                         i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f,",
-                  "                         i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f,",
-                  "                         i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab, as);",
+                  "        split_a_fragment(i0 < n && r0 < RPW ? w[i0 * W_PITCH + r0] : 0.f,",
+                  "                         i0 < n && r1 < RPW ? w[i0 * W_PITCH + r1] : 0.f,",
+                  "                         i1 < n && r0 < RPW ? w[i1 * W_PITCH + r0] : 0.f,",
+                  "                         i1 < n && r1 < RPW ? w[i1 * W_PITCH + r1] : 0.f, ab, as);",
                   "        mma_3xtf32(cq[mt], ab, as, bq);"]
                + (["        mma_3xtf32(ck[mt], ab, as, bk);"] if delta else [])
                + ["    }", "}"])

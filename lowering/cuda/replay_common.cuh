@@ -186,14 +186,58 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     }
 }
 
+// Start copying W_VEC floats (4, 8 or 16 bytes) from global to shared memory; zeros when not valid.
+__device__ __forceinline__ void cp_async_writes(float* smem, const float* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(W_VEC * 4),
+                 "r"(valid ? W_VEC * 4 : 0));
+}
+
 // Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
-// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past V; nothing past the fill, never read).
+// sh_w[i·W_PITCH + rr], W_VEC rows per copy (W_PITCH pads the records apart against bank conflicts,
+// keeping each W_VEC-row chunk aligned; zeros past V; nothing past the fill, never read). Each thread
+// keeps one chunk of rows and takes every WRITE_STRIDE-th record, so its division, bounds check and
+// address are worked out once (the threads past a whole number of record rows copy nothing).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        const bool valid = v0 + rr < V;
-        cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
+    constexpr int CHUNKS = BV / W_VEC;  // copies per record
+    constexpr int WRITE_STRIDE = THREADS / CHUNKS;  // records a pass of the CTA's threads covers
+    static_assert(BV % W_VEC == 0 && V % W_VEC == 0 && W_PITCH % W_VEC == 0 && WRITE_STRIDE >= 1,
+                  "stage_writes: W_VEC must divide the rows, and a record's chunks fit the CTA's threads");
+    const int rr = tid % CHUNKS * W_VEC, first = tid / CHUNKS;
+    if (first >= WRITE_STRIDE) return;
+    const bool valid = v0 + rr < V;  // V % W_VEC == 0: a chunk is all below V or all past it
+    const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);  // past V: read nothing
+    float* dst = sh_w + first * W_PITCH + rr;
+    for (int i = first; i < n; i += WRITE_STRIDE) {
+        cp_async_writes(dst, src, valid);
+        src += WRITE_STRIDE * V;
+        dst += WRITE_STRIDE * W_PITCH;
+    }
+}
+
+// Lane i < n of a warp takes record i's writes at the warp's RPW rows (W_VEC per shared load; W_PITCH
+// makes a warp's loads conflict-free); lanes past the records take zeros.
+__device__ __forceinline__ void load_record_rows(float (&wv)[RPW], const float* __restrict__ sh_w, int warp,
+                                                 int lane, int n) {
+    static_assert(RPW % W_VEC == 0, "load_record_rows: W_VEC must divide the warp's rows");
+    if (lane >= n) {  // past the records
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) wv[r] = 0.f;
+        return;
+    }
+    const float* w = sh_w + lane * W_PITCH + warp * RPW;
+#pragma unroll
+    for (int r = 0; r < RPW; r += W_VEC) {
+        if constexpr (W_VEC == 4) {
+            const float4 x = *reinterpret_cast<const float4*>(w + r);
+            wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
+        } else if constexpr (W_VEC == 2) {
+            const float2 x = *reinterpret_cast<const float2*>(w + r);
+            wv[r] = x.x; wv[r + 1] = x.y;
+        } else {
+            wv[r] = w[r];
+        }
     }
 }
 

@@ -39,6 +39,8 @@
 #define VERIFY_ROWS_REDUCED 4
 #define SCORE_RECORDS 4
 #define EAGER_RECORDS 0
+#define W_VEC 4
+#define W_PITCH 20
 typedef float STATE_T;
 
 // replay_common.cuh — hand-written device helpers shared by every generated ReplaySSM kernel.
@@ -228,14 +230,58 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     }
 }
 
+// Start copying W_VEC floats (4, 8 or 16 bytes) from global to shared memory; zeros when not valid.
+__device__ __forceinline__ void cp_async_writes(float* smem, const float* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(W_VEC * 4),
+                 "r"(valid ? W_VEC * 4 : 0));
+}
+
 // Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
-// sh_w[i·(BV+1) + rr] (padded against bank conflicts; zeros past V; nothing past the fill, never read).
+// sh_w[i·W_PITCH + rr], W_VEC rows per copy (W_PITCH pads the records apart against bank conflicts,
+// keeping each W_VEC-row chunk aligned; zeros past V; nothing past the fill, never read). Each thread
+// keeps one chunk of rows and takes every WRITE_STRIDE-th record, so its division, bounds check and
+// address are worked out once (the threads past a whole number of record rows copy nothing).
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
-    for (int x = tid; x < n * BV; x += THREADS) {
-        const int i = x / BV, rr = x % BV;
-        const bool valid = v0 + rr < V;
-        cp_async4(sh_w + i * (BV + 1) + rr, valid ? head_writes + (size_t)i * V + v0 + rr : head_writes, valid);
+    constexpr int CHUNKS = BV / W_VEC;  // copies per record
+    constexpr int WRITE_STRIDE = THREADS / CHUNKS;  // records a pass of the CTA's threads covers
+    static_assert(BV % W_VEC == 0 && V % W_VEC == 0 && W_PITCH % W_VEC == 0 && WRITE_STRIDE >= 1,
+                  "stage_writes: W_VEC must divide the rows, and a record's chunks fit the CTA's threads");
+    const int rr = tid % CHUNKS * W_VEC, first = tid / CHUNKS;
+    if (first >= WRITE_STRIDE) return;
+    const bool valid = v0 + rr < V;  // V % W_VEC == 0: a chunk is all below V or all past it
+    const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);  // past V: read nothing
+    float* dst = sh_w + first * W_PITCH + rr;
+    for (int i = first; i < n; i += WRITE_STRIDE) {
+        cp_async_writes(dst, src, valid);
+        src += WRITE_STRIDE * V;
+        dst += WRITE_STRIDE * W_PITCH;
+    }
+}
+
+// Lane i < n of a warp takes record i's writes at the warp's RPW rows (W_VEC per shared load; W_PITCH
+// makes a warp's loads conflict-free); lanes past the records take zeros.
+__device__ __forceinline__ void load_record_rows(float (&wv)[RPW], const float* __restrict__ sh_w, int warp,
+                                                 int lane, int n) {
+    static_assert(RPW % W_VEC == 0, "load_record_rows: W_VEC must divide the warp's rows");
+    if (lane >= n) {  // past the records
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) wv[r] = 0.f;
+        return;
+    }
+    const float* w = sh_w + lane * W_PITCH + warp * RPW;
+#pragma unroll
+    for (int r = 0; r < RPW; r += W_VEC) {
+        if constexpr (W_VEC == 4) {
+            const float4 x = *reinterpret_cast<const float4*>(w + r);
+            wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
+        } else if constexpr (W_VEC == 2) {
+            const float2 x = *reinterpret_cast<const float2*>(w + r);
+            wv[r] = x.x; wv[r + 1] = x.y;
+        } else {
+            wv[r] = w[r];
+        }
     }
 }
 
@@ -691,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[1 * K];
     __shared__ float sh_beta[1];
-    __shared__ float sh_w[NREC * (BV + 1)];
+    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
     __shared__ __align__(16) float sh_qd[1 * K];
     __shared__ __align__(16) float sh_kd[1 * K];
     __shared__ float sh_sq[1 * NREC];
@@ -853,8 +899,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     __syncthreads();
     float wv[RPW];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    load_record_rows(wv, sh_w, warp, lane, n);
     #pragma unroll
     for (int c = 0; c < RPW; c += ROWS_REDUCED) {
         const int j = 0;  // the one token
@@ -976,7 +1021,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
-    __shared__ float sh_w[NREC * (BV + 1)];
+    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
     __shared__ float sh_G[NREC];
     stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
     stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, n, tid);
@@ -1005,7 +1050,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
         }
         float wv[FOLD_ROWS];
         #pragma unroll
-        for (int r = 0; r < FOLD_ROWS; ++r) wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * (BV + 1) + warp * RPW + r0 + r] : 0.f;
+        for (int r = 0; r < FOLD_ROWS; ++r) wv[r] = (lane < n && r0 + r < RPW) ? sh_w[lane * W_PITCH + warp * RPW + r0 + r] : 0.f;
         if (n > 0) {  // uniform per CTA
             const float a = expf(sh_G[n - 1]);
             #pragma unroll
@@ -1086,7 +1131,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
-    __shared__ float sh_w[NREC * (BV + 1)];
+    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
     __shared__ __align__(16) float sh_qd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ __align__(16) float sh_kd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ float sh_sq[TMAX * NREC];
@@ -1285,12 +1330,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const int r0 = 16 * mt + g, r1 = r0 + 8;
-            const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * (BV + 1) + r]
+            const float* w = sh_w + warp * RPW;  // record i, warp row r: w[i * W_PITCH + r]
             unsigned ab[4], as[4];
-            split_a_fragment(i0 < n && r0 < RPW ? w[i0 * (BV + 1) + r0] : 0.f,
-                             i0 < n && r1 < RPW ? w[i0 * (BV + 1) + r1] : 0.f,
-                             i1 < n && r0 < RPW ? w[i1 * (BV + 1) + r0] : 0.f,
-                             i1 < n && r1 < RPW ? w[i1 * (BV + 1) + r1] : 0.f, ab, as);
+            split_a_fragment(i0 < n && r0 < RPW ? w[i0 * W_PITCH + r0] : 0.f,
+                             i0 < n && r1 < RPW ? w[i0 * W_PITCH + r1] : 0.f,
+                             i1 < n && r0 < RPW ? w[i1 * W_PITCH + r0] : 0.f,
+                             i1 < n && r1 < RPW ? w[i1 * W_PITCH + r1] : 0.f, ab, as);
             mma_3xtf32(cq[mt], ab, as, bq);
             mma_3xtf32(ck[mt], ab, as, bk);
         }
@@ -1431,7 +1476,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
-    __shared__ float sh_w[NREC * (BV + 1)];
+    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
     __shared__ float sh_G[NREC];
     float s[RPW][KE];
     #pragma unroll
@@ -1449,8 +1494,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     cp_async_wait();
     __syncthreads();
     float wv[RPW];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    load_record_rows(wv, sh_w, warp, lane, n);
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
             const int m = x / K, e = x % K;
@@ -1618,7 +1662,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
-    __shared__ float sh_w[NREC * (BV + 1)];
+    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
     __shared__ float sh_G[NREC];
     float s[RPW][KE];
     #pragma unroll
@@ -1636,8 +1680,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     cp_async_wait();
     __syncthreads();
     float wv[RPW];
-    #pragma unroll
-    for (int r = 0; r < RPW; ++r) wv[r] = (lane < n) ? sh_w[lane * (BV + 1) + warp * RPW + r] : 0.f;
+    load_record_rows(wv, sh_w, warp, lane, n);
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
             const int m = x / K, e = x % K;
