@@ -44,7 +44,10 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
 GROUP_EXTRAS = {
     "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
-               LaunchConfig(4, 16, verify_rows_per_pass=16)),
+               LaunchConfig(4, 16, verify_rows_per_pass=16),
+               # 8x8/r64 with half the rows per pass: the default 8 spill 4-12 bytes at nano, super and
+               # qwen3.5-4b (so the tuner skips it), 4 build clean; verify of T <= 2 had picked 8x8/r64
+               LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4)),
     "conventional": (),
 }
 GROUP_EXTRAS["verify_few"] = GROUP_EXTRAS["verify"]
