@@ -106,13 +106,13 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 7
+TUNING_VERSION = 8
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
 kernel, so the host's enqueueing is not timed; 4: the replay step counts its arrival on the last warp
 after the cumulate's barrier; 5: it reads the fill with the atomic that counts its arrival; 6: without a
-delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide)."""
+delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8: verify may take 8x8/r64 with 4 rows per pass)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
