@@ -202,3 +202,20 @@ def test_emitted_per_kernel_sources_each_compile_alone(tmp_path):
     for path in files:
         result = compile_cubin(path.read_text(), path.name)
         assert list(result.resources) == [path.stem.split("kimi-linear-")[1]]
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("variant,v_dim,launch", [("gdn", 65, LaunchConfig(1, 40)), ("gdn", 66, LaunchConfig(1, 66)),
+                                                  ("mamba2", 65, LaunchConfig(2, 33))],
+                         ids=["gdn-V65-1x40", "gdn-V66-1x66", "mamba2-V65-2x33"])
+def test_more_write_chunks_per_record_than_threads_compile(variant, v_dim, launch):
+    """Past 32·W_VEC rows per warp a write record has more chunks than the CTA has threads
+    (``stage_writes`` then gives each thread several chunks of every record): such launches, far from
+    any the tuner times, still build (spills allowed)."""
+    from replayssm_dsl.lowering.render_cuda import write_record_layout
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    shape = ModelShape(4, 2, v_dim, 64)
+    w_vec, _ = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, v_dim)
+    assert launch.rows_per_cta // w_vec > launch.threads
+    result = compile_cubin(render_program(lower(variants.get(variant), shape, ReplayConfig()), launch))
+    assert "replay_step" in result.resources and "verify" in result.resources, result.log

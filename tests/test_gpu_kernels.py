@@ -333,12 +333,9 @@ def _launch_shapes():
     return list(dict.fromkeys(every + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
 
 
-@pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
-def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
-    """Every launch shape the autotuner or the rule may pick (V = 80 leaves partial tiles)."""
-    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 80, 128), ReplayConfig(window=4, max_drafts=3),
-                      np.random.default_rng(21), slots=3, tol=FP32_TOL, launch=launch)
+def steps_verifies_and_flush(twin):
+    """Steps of three rows (one padded) with verifies and commits between, a flush, then the
+    materialized states; the twin checks every output against the oracle."""
     twin.load([0, 2])
     for i in range(11):
         twin.step([2, -1, 0])
@@ -347,6 +344,25 @@ def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
             twin.commit([0, 2], toks, [2, 1])
     twin.cache.flush([2])
     twin.check_materialize([0, 2])
+
+
+@pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
+    """Every launch shape the autotuner or the rule may pick (V = 80 leaves partial tiles)."""
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 80, 128), ReplayConfig(window=4, max_drafts=3),
+                      np.random.default_rng(21), slots=3, tol=FP32_TOL, launch=launch)
+    steps_verifies_and_flush(twin)
+
+
+@pytest.mark.parametrize("name", ["gdn", "mamba2"])
+def test_gpu_more_write_chunks_per_record_than_threads_gives_the_oracle(name):
+    """One warp of 40 rows at V = 65 (1-float chunks, a partial tile): a write record has more chunks
+    than the CTA has threads, so ``stage_writes`` gives each thread several chunks of every record."""
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 65, 64), ReplayConfig(window=4, max_drafts=3),
+                      np.random.default_rng(22), slots=3, tol=FP32_TOL, launch=LaunchConfig(1, 40))
+    steps_verifies_and_flush(twin)
 
 
 @pytest.mark.parametrize("name", ["gdn", "mamba2"])

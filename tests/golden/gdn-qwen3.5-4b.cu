@@ -47,8 +47,8 @@ typedef float STATE_T;
 //
 // Layer: lowering (CUDA side). The generated source defines STATE_T (float, or unsigned short holding
 // fp16/bf16 bits), VEC (elements per lane access: 4 → 16-byte loads of float state), KCH (chunks of
-// 32·VEC elements along K per lane), K, V, BV (rows per CTA), NREC (records) and THREADS before
-// including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
+// 32·VEC elements along K per lane), K, V, BV (rows per CTA), RPW (rows per warp), NREC (records),
+// THREADS, W_VEC and W_PITCH (the write records' layout in shared memory) before including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
 // u < VEC: one coalesced 16-byte access per chunk.
 
 #define KE (KCH * VEC)  // K elements a lane holds
@@ -241,22 +241,33 @@ __device__ __forceinline__ void cp_async_writes(float* smem, const float* gmem, 
 // sh_w[i·W_PITCH + rr], W_VEC rows per copy (W_PITCH pads the records apart against bank conflicts,
 // keeping each W_VEC-row chunk aligned; zeros past V; nothing past the fill, never read). Each thread
 // keeps one chunk of rows and takes every WRITE_STRIDE-th record, so its division, bounds check and
-// address are worked out once (the threads past a whole number of record rows copy nothing).
+// address are worked out once (the threads past a whole number of record rows copy nothing). Past
+// 32·W_VEC rows per warp a record has more chunks than the CTA has threads: each thread then takes
+// every THREADS-th chunk of every record.
 __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const float* __restrict__ head_writes, int n,
                                              int v0, int tid) {
     constexpr int CHUNKS = BV / W_VEC;  // copies per record
-    constexpr int WRITE_STRIDE = THREADS / CHUNKS;  // records a pass of the CTA's threads covers
-    static_assert(BV % W_VEC == 0 && V % W_VEC == 0 && W_PITCH % W_VEC == 0 && WRITE_STRIDE >= 1,
-                  "stage_writes: W_VEC must divide the rows, and a record's chunks fit the CTA's threads");
-    const int rr = tid % CHUNKS * W_VEC, first = tid / CHUNKS;
-    if (first >= WRITE_STRIDE) return;
-    const bool valid = v0 + rr < V;  // V % W_VEC == 0: a chunk is all below V or all past it
-    const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);  // past V: read nothing
-    float* dst = sh_w + first * W_PITCH + rr;
-    for (int i = first; i < n; i += WRITE_STRIDE) {
-        cp_async_writes(dst, src, valid);
-        src += WRITE_STRIDE * V;
-        dst += WRITE_STRIDE * W_PITCH;
+    static_assert(BV % W_VEC == 0 && V % W_VEC == 0 && W_PITCH % W_VEC == 0,
+                  "stage_writes: W_VEC must divide the rows, V and the pitch");
+    if constexpr (CHUNKS > THREADS) {
+        for (int c = tid; c < CHUNKS; c += THREADS) {
+            const int rr = c * W_VEC;
+            const bool valid = v0 + rr < V;
+            const float* src = head_writes + v0 + (valid ? rr : 0);  // past V: read nothing
+            for (int i = 0; i < n; ++i) cp_async_writes(sh_w + i * W_PITCH + rr, src + (size_t)i * V, valid);
+        }
+    } else {
+        constexpr int WRITE_STRIDE = THREADS / CHUNKS;  // records a pass of the CTA's threads covers
+        const int rr = tid % CHUNKS * W_VEC, first = tid / CHUNKS;
+        if (first >= WRITE_STRIDE) return;
+        const bool valid = v0 + rr < V;  // V % W_VEC == 0: a chunk is all below V or all past it
+        const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);  // past V: read nothing
+        float* dst = sh_w + first * W_PITCH + rr;
+        for (int i = first; i < n; i += WRITE_STRIDE) {
+            cp_async_writes(dst, src, valid);
+            src += WRITE_STRIDE * V;
+            dst += WRITE_STRIDE * W_PITCH;
+        }
     }
 }
 
