@@ -39,14 +39,16 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               # 2 per SM; and 16-warp CTAs of 64 rows under a 64-register cap, 2 per SM (32 warps)
               LaunchConfig(8, 16), LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64))
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
-# step, small batches) and verify's rows in one pass through the drafts (where that builds clean;
-# only where verify's rows run on SIMT lanes, see ``tensor_core_verify``).
+# step, small batches) and verify's rows in one pass through the drafts, or in passes of 4 rows (each
+# timed only where it builds clean, and only where verify's rows run on SIMT lanes, see
+# ``tensor_core_verify``).
 GROUP_EXTRAS = {
     "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
                LaunchConfig(4, 16, verify_rows_per_pass=16),
-               # 8x8/r64 with half the rows per pass: the default 8 spill 4-12 bytes at nano, super and
-               # qwen3.5-4b (so the tuner skips it), 4 build clean; verify of T <= 2 had picked 8x8/r64
+               # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
+               # qwen3.5-4b (so the tuner skips it); 4 build clean for super and the two GDN shapes (nano's
+               # spill 4 B, KDA's 16 B: skipped there); verify of T <= 2 had picked 8x8/r64
                LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4)),
     "conventional": (),
 }

@@ -14,7 +14,9 @@ from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering.render_cuda import write_record_layout
 from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
 
-SHAPES = [p.shape for p in PRESETS.values()] + [ModelShape(6, 2, 80, 96), ModelShape(3, 1, 60, 100)]
+# V = 66 and 63 take 2- and 1-float chunks at every launch shape
+SHAPES = [p.shape for p in PRESETS.values()] + [ModelShape(6, 2, 80, 96), ModelShape(3, 1, 60, 100),
+                                                 ModelShape(4, 2, 66, 64), ModelShape(4, 2, 63, 64)]
 LAUNCHES = sorted({launch for group in GROUP_EXTRAS for launch in candidates(group)}, key=lambda c: c.label)
 BANKS, LANES = 32, 32
 
