@@ -51,8 +51,9 @@ typedef float STATE_T;
 // Layer: lowering (CUDA side). The generated source defines STATE_T (float, or unsigned short holding
 // fp16/bf16 bits), VEC (elements per lane access: 4 → 16-byte loads of float state), KCH (chunks of
 // 32·VEC elements along K per lane), K, V, BV (rows per CTA), RPW (rows per warp), NREC (records),
-// THREADS, W_VEC and W_PITCH (the write records' layout in shared memory) before including this text. A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH,
-// u < VEC: one coalesced 16-byte access per chunk.
+// THREADS, W_VEC and W_PITCH (the write records' layout in shared memory) before including this text.
+// A lane of a warp owns the K elements e = (c·32 + lane)·VEC + u, c < KCH, u < VEC: one coalesced
+// 16-byte access per chunk.
 
 #define KE (KCH * VEC)  // K elements a lane holds
 
