@@ -63,8 +63,7 @@ def _scores(decl) -> list[str]:
     body = (["float dot[PARTS * SCORE_RECORDS];"] + dots
             + ["const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES",
                "constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);",
-               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;" if decl.is_delta
-               else "const int rec = i + lane / SCORE_LANES;",
+               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score",
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    {target}[j * NREC + rec] = sum * {scale};"])
     return (["for (int j = 0; j < t; ++j) {",

@@ -936,7 +936,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
             constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }
@@ -1355,7 +1355,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
             constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }
