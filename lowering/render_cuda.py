@@ -188,6 +188,9 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               # records per warp trip of the scores, their PARTS dot products each in one reduction (a
               # decay vector, recomputed per element, holds more registers per record)
               "SCORE_RECORDS": 2 if decl.decay_form == "vector" else 4,
+              # verify's (its drafts' scores take more trips): 4 with a decay vector too where no register
+              # cap squeezes them (under a cap ptxas spills verify at 4)
+              "VERIFY_SCORE_RECORDS": 2 if decl.decay_form == "vector" and launch.max_registers < 128 else 4,
               "EAGER_RECORDS": int(launch.eager_records),
               # the write records' copies and loads: W_VEC rows at a time; W_PITCH floats between records
               "W_VEC": w_vec, "W_PITCH": w_pitch}

@@ -40,12 +40,13 @@ def _cumulate(decl) -> list[str]:
             + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }", "}"])
 
 
-def _scores(decl) -> list[str]:
+def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
     """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j for every record i ≤ n + j, and for delta rules
     sk[j][i] = (…)·k_{n+j} too (only the delta rule's correction reads it): a warp takes
     ``SCORE_RECORDS`` records per trip, their ``PARTS`` · SCORE_RECORDS dot products in one transpose
     reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it. The first warp
-    moves with the draft, so the drafts' last, partial trips fall on different warps."""
+    moves with the draft, so the drafts' last, partial trips fall on different warps. ``per_trip``
+    names the constant of records per trip (verify has its own, ``VERIFY_SCORE_RECORDS``)."""
     dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
     scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
     if decl.is_delta:
@@ -66,9 +67,10 @@ def _scores(decl) -> list[str]:
                "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score",
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    {target}[j * NREC + rec] = sum * {scale};"])
-    return (["for (int j = 0; j < t; ++j) {",
-             "    for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {"]
-            + ["        " + line for line in body] + ["    }", "}"])
+    lines = (["for (int j = 0; j < t; ++j) {",
+              "    for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {"]
+             + ["        " + line for line in body] + ["    }", "}"])
+    return [line.replace("SCORE_RECORDS", per_trip) for line in lines]
 
 
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
@@ -153,8 +155,11 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += ["cp_async_wait();", "__syncthreads();"]
     body += _cumulate(decl)
     body.append("__syncthreads();")
-    scores = mma_scores if tensor_cores and decl.decay_form != "vector" else _scores  # a decay vector: SIMT
-    body += scores(decl) + (mma_fragment_gather() if tensor_cores else [])
+    if tensor_cores and decl.decay_form != "vector":
+        body += mma_scores(decl)
+    else:  # a decay vector: SIMT
+        body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS")
+    body += mma_fragment_gather() if tensor_cores else []
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:

@@ -38,6 +38,7 @@
 #define ROWS_REDUCED 4
 #define VERIFY_ROWS_REDUCED 4
 #define SCORE_RECORDS 4
+#define VERIFY_SCORE_RECORDS 4
 #define EAGER_RECORDS 0
 #define W_VEC 4
 #define W_PITCH 20

@@ -38,6 +38,7 @@
 #define ROWS_REDUCED 4
 #define VERIFY_ROWS_REDUCED 4
 #define SCORE_RECORDS 2
+#define VERIFY_SCORE_RECORDS 4
 #define EAGER_RECORDS 0
 #define W_VEC 4
 #define W_PITCH 20
@@ -1336,10 +1337,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     }
     __syncthreads();
     for (int j = 0; j < t; ++j) {
-        for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
-            float dot[PARTS * SCORE_RECORDS];
+        for (int i = VERIFY_SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += VERIFY_SCORE_RECORDS * WARPS) {
+            float dot[PARTS * VERIFY_SCORE_RECORDS];
             #pragma unroll
-            for (int u = 0; u < SCORE_RECORDS; ++u) {
+            for (int u = 0; u < VERIFY_SCORE_RECORDS; ++u) {
                 const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored
                 float aq = 0.f, ak = 0.f;
                 #pragma unroll
@@ -1351,13 +1352,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
                         ak += kd * sh_key[(n + j) * K + e];
                     }
                 }
-                dot[u] = aq; dot[SCORE_RECORDS + u] = ak;
+                dot[u] = aq; dot[VERIFY_SCORE_RECORDS + u] = ak;
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
-            constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score
+            constexpr int SCORE_LANES = 32 / (PARTS * VERIFY_SCORE_RECORDS);
+            const int u = lane / SCORE_LANES, rec = i + u % VERIFY_SCORE_RECORDS;  // delta rules: u ≥ VERIFY_SCORE_RECORDS sums a key score
             if (lane % SCORE_LANES == 0 && rec <= n + j)
-                (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
+                (u < VERIFY_SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }
     }
     constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread

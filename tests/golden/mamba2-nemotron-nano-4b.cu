@@ -41,6 +41,7 @@
 #define ROWS_REDUCED 16
 #define VERIFY_ROWS_REDUCED 8
 #define SCORE_RECORDS 4
+#define VERIFY_SCORE_RECORDS 4
 #define EAGER_RECORDS 0
 #define W_VEC 2
 #define W_PITCH 42
