@@ -51,6 +51,23 @@ class LaunchConfig:
                 + ("/e" if self.eager_records else "")
                 + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else ""))
 
+    @classmethod
+    def from_label(cls, label: str) -> "LaunchConfig":
+        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``): the inverse of ``label``."""
+        shape, *options = label.split("/")
+        warps, x, rows = shape.partition("x")
+        if not (x and warps.isdigit() and rows.isdigit()):
+            raise ValueError(f"launch label {label!r}: expected WARPSxROWS, then /rN, /e or /pN")
+        fields: dict = {}
+        names = {"r": "max_registers", "e": "eager_records", "p": "verify_rows_per_pass"}
+        for option in options:
+            name = names.get(option[:1])
+            value = option[1:]
+            if name is None or name in fields or (value != "" if option[:1] == "e" else not value.isdigit()):
+                raise ValueError(f"launch label {label!r}: option {option!r} is not one of /rN, /e, /pN, once each")
+            fields[name] = True if option == "e" else int(value)
+        return cls(int(warps), int(rows), **fields)
+
     @property
     def verify_rows(self) -> int:
         """Verify's rows per pass through the drafts: ``verify_rows_per_pass``, or by default 8 (all of

@@ -75,12 +75,9 @@ def disassemble(preset_name: str, label: str, nvdisasm: str) -> tuple[str, dict]
     from replayssm_dsl.lowering.render_cuda import render_program
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
 
-    shape, _, cap = label.partition("/r")
-    warps, rows = (int(x) for x in shape.split("x"))
     p = preset(preset_name)
     program = lower(variants.get(p.variant), p.shape, ReplayConfig())
-    result = compile_cubin(render_program(program, LaunchConfig(warps, rows, int(cap) if cap else 128)),
-                           f"{preset_name}.cu")
+    result = compile_cubin(render_program(program, LaunchConfig.from_label(label)), f"{preset_name}.cu")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(result.cubin)
         cubin.flush()
@@ -91,7 +88,8 @@ def disassemble(preset_name: str, label: str, nvdisasm: str) -> tuple[str, dict]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preset")
-    parser.add_argument("launch", help="warps x rows per warp, optionally /rN for a register cap: 8x8/r64")
+    parser.add_argument("launch", help="a launch label: warps x rows per warp, then /rN (register cap), "
+                        "/e (eager records), /pN (verify's rows per pass): 8x8/r64/p4")
     parser.add_argument("--kernels", nargs="*", help="only these kernels (default: all)")
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="path of nvdisasm")
     args = parser.parse_args()

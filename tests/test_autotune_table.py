@@ -177,6 +177,20 @@ def test_launch_config_refuses_what_no_kernel_can_run(bad):
         LaunchConfig(**bad)
 
 
+def test_every_candidate_launch_is_named_by_its_label():
+    """``LaunchConfig.from_label`` reads back every launch the tuner can pick, and any mix of options."""
+    launches = set(autotune.CANDIDATES) | {launch for extras in autotune.GROUP_EXTRAS.values() for launch in extras}
+    launches.add(LaunchConfig(16, 2, max_registers=72, eager_records=True, verify_rows_per_pass=2))
+    for launch in launches:
+        assert LaunchConfig.from_label(launch.label) == launch, launch.label
+
+
+@pytest.mark.parametrize("bad", ["8", "8x", "x8", "8x8/r", "8x8/q4", "8x8/r64/r80", "8x8/e2", "8x8/p", "4x4/r6.5", "0x8"])
+def test_a_label_that_names_no_launch_is_refused(bad):
+    with pytest.raises(ValueError, match=r"launch label|warps"):
+        LaunchConfig.from_label(bad)
+
+
 def test_tensor_core_verify_drops_the_rows_per_pass_options():
     """Verify's rows on tensor cores take no passes through the drafts: the tuner does not time a
     ``/p`` option there (the same kernel twice); where verify's rows run on SIMT lanes it does."""
