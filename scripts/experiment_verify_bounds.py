@@ -74,8 +74,8 @@ NO_FIELDS = _replace("for (int j = warp; j < t; j += WARPS) {", "for (int j = wa
 NO_CUMULATE = _replace("for (int e = tid; e < K; e += THREADS) {\n        float acc", "for (int e = tid; e < 0; e += THREADS) {\n        float acc",
                        "no cumulate")
 NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo = warp; combo < 0 * ((NREC", "no scores (tensor cores)"),
-             _replace("for (int j = 0; j < t; ++j) {\n        for (int i = SCORE_RECORDS", "for (int j = 0; j < 0; ++j) {\n        for (int i = SCORE_RECORDS",
-                      "no scores (SIMT)")]
+             _replace("for (int j = 0; j < t; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS",
+                      "for (int j = 0; j < 0; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS", "no scores (SIMT)")]
 NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
 LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
@@ -101,6 +101,15 @@ def _either(edits):
                 continue
         raise NotApplicable("none of the alternatives")
     return apply
+
+
+def variant_edits(label: str) -> tuple[list, bool]:
+    """Variant ``label``'s source edits (alternatives resolved per family) and whether it skips
+    ``flush_for_verify``."""
+    edits = VARIANTS[label]
+    if edits == "skip flush_for_verify":
+        return [], True
+    return [_either(e) if isinstance(e, list) else e for e in edits], False
 
 
 def _launches(cache, drafted, tokens, out, t: int, skip_flush: bool) -> None:
@@ -133,11 +142,10 @@ def main() -> None:
     for name in args.presets.split(","):
         decl, shape, config, rng, params = preset_setup(name)
         _, read_ms = _floors(cp, rows * shape.heads * shape.v_dim * shape.k_dim * 4, 60)
-        for label, edits in VARIANTS.items():
+        for label in VARIANTS:
             if args.variant and label not in args.variant:
                 continue
-            skip_flush = edits == "skip flush_for_verify"
-            edits = [] if skip_flush else [_either(e) if isinstance(e, list) else e for e in edits]
+            edits, skip_flush = variant_edits(label)
             cuda_module.render_program = patched_renderer(edits)
             try:  # every kernel renders (and the edits apply) as the cache builds its first module
                 cache = scratch_cache(decl, shape, config, rows, params, launches[name])
