@@ -7,12 +7,16 @@ arguments, in ``kernel_arguments`` order, so a launcher passes the same pointers
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .ir import Kernel, Program
 
 FILL_THREADS = 128
 SMS_H200 = 132
+
+
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -53,20 +57,20 @@ class LaunchConfig:
 
     @classmethod
     def from_label(cls, label: str) -> "LaunchConfig":
-        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``): the inverse of ``label``."""
-        shape, *options = label.split("/")
-        warps, x, rows = shape.partition("x")
-        if not (x and warps.isdigit() and rows.isdigit()):
-            raise ValueError(f"launch label {label!r}: expected WARPSxROWS, then /rN, /e or /pN")
-        fields: dict = {}
-        names = {"r": "max_registers", "e": "eager_records", "p": "verify_rows_per_pass"}
-        for option in options:
-            name = names.get(option[:1])
-            value = option[1:]
-            if name is None or name in fields or (value != "" if option[:1] == "e" else not value.isdigit()):
-                raise ValueError(f"launch label {label!r}: option {option!r} is not one of /rN, /e, /pN, once each")
-            fields[name] = True if option == "e" else int(value)
-        return cls(int(warps), int(rows), **fields)
+        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``): the inverse of ``label``, which
+        it must match exactly (options in its order, no cap written as ``/r128``)."""
+        match = _LABEL.fullmatch(label)
+        try:
+            if match is None:
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN in that order")
+            warps, rows, cap, eager, passes = match.groups()
+            launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
+                         verify_rows_per_pass=int(passes) if passes else 0)
+            if launch.label != label:
+                raise ValueError(f"it reads as {launch.label!r}")
+        except ValueError as exc:
+            raise ValueError(f"launch label {label!r}: {exc}") from None
+        return launch
 
     @property
     def verify_rows(self) -> int:

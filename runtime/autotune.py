@@ -114,7 +114,9 @@ that shapes tuned before are tuned again rather than read (2: ``flush_for_verify
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
 kernel, so the host's enqueueing is not timed; 4: the replay step counts its arrival on the last warp
 after the cumulate's barrier; 5: it reads the fill with the atomic that counts its arrival; 6: without a
-delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8: verify may take 8x8/r64 with 4 rows per pass)."""
+delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8:
+verify may take 8x8/r64 with 4 rows per pass; 9: with a decay vector, verify scores 4 records per
+trip where no register cap applies)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:

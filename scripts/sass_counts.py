@@ -93,6 +93,11 @@ def main() -> int:
     parser.add_argument("--kernels", nargs="*", help="only these kernels (default: all)")
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="path of nvdisasm")
     args = parser.parse_args()
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    try:
+        LaunchConfig.from_label(args.launch)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.nvdisasm:
         parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
     text, resources = disassemble(args.preset, args.launch, args.nvdisasm)
