@@ -42,35 +42,37 @@ def _cumulate(decl) -> list[str]:
 
 def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
     """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j for every record i ≤ n + j, and for delta rules
-    sk[j][i] = (…)·k_{n+j} too (only the delta rule's correction reads it): a warp takes
-    ``SCORE_RECORDS`` records per trip, their ``PARTS`` · SCORE_RECORDS dot products in one transpose
-    reduction (``warp_sum_spread``), and each lane holding a sum scales and stores it. The first warp
-    moves with the draft, so the drafts' last, partial trips fall on different warps. ``per_trip``
-    names the constant of records per trip (verify has its own, ``VERIFY_SCORE_RECORDS``)."""
+    sk[j][i] = (…)·k_{n+j} too (only the delta rule's correction reads it): a warp takes ``per_trip``
+    records per trip (the C constant ``SCORE_RECORDS``, or verify's own ``VERIFY_SCORE_RECORDS``), their
+    ``PARTS`` · per_trip dot products in one transpose reduction (``warp_sum_spread``), and each lane
+    holding a sum scales and stores it. The first warp moves with the draft, so the drafts' last,
+    partial trips fall on different warps."""
+    r = per_trip
     dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
     scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
     if decl.is_delta:
         sums = ["float aq = 0.f, ak = 0.f;"]
         terms = ["aq += kd * sh_q[j * K + e];", "ak += kd * sh_key[(n + j) * K + e];"]
-        keep, target = "dot[u] = aq; dot[SCORE_RECORDS + u] = ak;", "(u < SCORE_RECORDS ? sh_sq : sh_sk)"
+        keep, target = f"dot[u] = aq; dot[{r} + u] = ak;", f"(u < {r} ? sh_sq : sh_sk)"
+        lane_sum = f"const int u = lane / SCORE_LANES, rec = i + u % {r};  // u ≥ {r}: a key score"
     else:
         sums, terms, keep, target = ["float aq = 0.f;"], ["aq += kd * sh_q[j * K + e];"], "dot[u] = aq;", "sh_sq"
-    dots = (["#pragma unroll", "for (int u = 0; u < SCORE_RECORDS; ++u) {",
+        lane_sum = f"const int u = lane / SCORE_LANES, rec = i + u % {r};"
+    dots = (["#pragma unroll", f"for (int u = 0; u < {r}; ++u) {{",
              "    const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored"]
             + ["    " + line for line in sums]
             + ["    #pragma unroll", "    for (int c = 0; c < KE; ++c) {", "        const int e = k_index(c, lane);",
                "        if (e < K) {", f"            const float kd = sh_key[rec * K + e]{dec};"]
             + ["            " + line for line in terms] + ["        }", "    }", "    " + keep, "}"])
-    body = (["float dot[PARTS * SCORE_RECORDS];"] + dots
+    body = ([f"float dot[PARTS * {r}];"] + dots
             + ["const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES",
-               "constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);",
-               "const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score",
+               f"constexpr int SCORE_LANES = 32 / (PARTS * {r});", lane_sum,
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    {target}[j * NREC + rec] = sum * {scale};"])
-    lines = (["for (int j = 0; j < t; ++j) {",
-              "    for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {"]
-             + ["        " + line for line in body] + ["    }", "}"])
-    return [line.replace("SCORE_RECORDS", per_trip) for line in lines]
+    return ([f"static_assert(32 % (PARTS * {r}) == 0, \"a warp's lanes split evenly between a trip's sums\");",
+             "for (int j = 0; j < t; ++j) {",
+             f"    for (int i = {r} * ((warp + j) % WARPS); i <= n + j; i += {r} * WARPS) {{"]
+            + ["        " + line for line in body] + ["    }", "}"])
 
 
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
@@ -157,7 +159,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
         body += mma_scores(decl)
-    else:  # a decay vector: SIMT
+    else:  # SIMT: the replay step, verify with a decay vector, verify off the tensor cores
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS")
     body += mma_fragment_gather() if tensor_cores else []
     append_guard = f.guards.get("append")

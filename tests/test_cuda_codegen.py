@@ -174,27 +174,24 @@ def test_only_delta_rules_score_records_against_the_tokens_key(variant, batch):
         assert scores_key == variants.get(variant).is_delta, kernel
 
 
-@pytest.mark.parametrize("variant", ["kda", "gla"])
-def test_verify_scores_four_records_per_trip_with_a_decay_vector_unless_capped(variant):
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_verify_scores_its_own_records_per_trip(variant):
     """With a decay vector the replay step's score trips take 2 records (at 4 ptxas spills its capped
     shapes); verify's own constant takes 4, halving its trips and reductions, but under a register
-    cap, where 4 spills verify, it stays 2. Each kernel's loop reads its own constant."""
+    cap, where 4 spills verify, it stays 2. Without a decay vector both take 4. Each kernel's score
+    loops name only its own constant (verify scores on SIMT lanes under a cap or with a decay vector)."""
+    vector = variants.get(variant).decay_form == "vector"
     program = lower(variants.get(variant), SHAPES["kimi-linear"], ReplayConfig())
-    for launch, per_trip in ((LaunchConfig(4, 16), 4), (LaunchConfig(8, 8), 4), (LaunchConfig(8, 8, 64), 2),
-                             (LaunchConfig(4, 10, 96), 2)):
+    for launch, capped in ((LaunchConfig(4, 16), False), (LaunchConfig(8, 8), False), (LaunchConfig(4, 4), False),
+                           (LaunchConfig(8, 8, 64), True), (LaunchConfig(4, 10, 96), True)):
         text = render_program(program, launch)
-        assert "#define SCORE_RECORDS 2" in text, launch.label
-        assert f"#define VERIFY_SCORE_RECORDS {per_trip}" in text, launch.label
-        trips = re.compile(r"for \(int u = 0; u < (\w*SCORE_RECORDS); \+\+u\)")
-        assert set(trips.findall(kernel_body(text, "replay_step"))) == {"SCORE_RECORDS"}
-        assert set(trips.findall(kernel_body(text, "verify"))) == {"VERIFY_SCORE_RECORDS"}
-
-
-@pytest.mark.parametrize("variant", ["gdn", "mamba2", "retnet", "deltanet"])
-def test_verify_scores_four_records_per_trip_without_a_decay_vector(variant):
-    for launch in (LaunchConfig(4, 16), LaunchConfig(8, 8, 64)):
-        text = render_program(lower(variants.get(variant), SHAPES["qwen3.5-4b"], ReplayConfig()), launch)
-        assert "#define SCORE_RECORDS 4" in text and "#define VERIFY_SCORE_RECORDS 4" in text, launch.label
+        assert f"#define SCORE_RECORDS {2 if vector else 4}" in text, launch.label
+        assert f"#define VERIFY_SCORE_RECORDS {2 if vector and capped else 4}" in text, launch.label
+        replay, verify = kernel_body(text, "replay_step"), kernel_body(text, "verify")
+        assert "for (int u = 0; u < SCORE_RECORDS; ++u)" in replay and "VERIFY_SCORE_RECORDS" not in replay
+        assert re.search(r"(?<!VERIFY_)SCORE_RECORDS", verify) is None, launch.label
+        if vector or capped:
+            assert "for (int u = 0; u < VERIFY_SCORE_RECORDS; ++u)" in verify, launch.label
 
 
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])

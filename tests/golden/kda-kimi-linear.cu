@@ -917,6 +917,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     __syncthreads();
+    static_assert(32 % (PARTS * SCORE_RECORDS) == 0, "a warp's lanes split evenly between a trip's sums");
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[PARTS * SCORE_RECORDS];
@@ -937,7 +938,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
             constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // u ≥ SCORE_RECORDS: a key score
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 (u < SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }
@@ -1336,6 +1337,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     __syncthreads();
+    static_assert(32 % (PARTS * VERIFY_SCORE_RECORDS) == 0, "a warp's lanes split evenly between a trip's sums");
     for (int j = 0; j < t; ++j) {
         for (int i = VERIFY_SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += VERIFY_SCORE_RECORDS * WARPS) {
             float dot[PARTS * VERIFY_SCORE_RECORDS];
@@ -1356,7 +1358,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
             constexpr int SCORE_LANES = 32 / (PARTS * VERIFY_SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % VERIFY_SCORE_RECORDS;  // delta rules: u ≥ VERIFY_SCORE_RECORDS sums a key score
+            const int u = lane / SCORE_LANES, rec = i + u % VERIFY_SCORE_RECORDS;  // u ≥ VERIFY_SCORE_RECORDS: a key score
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 (u < VERIFY_SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }

@@ -842,6 +842,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         }
     }
     __syncthreads();
+    static_assert(32 % (PARTS * SCORE_RECORDS) == 0, "a warp's lanes split evenly between a trip's sums");
     for (int j = 0; j < t; ++j) {
         for (int i = SCORE_RECORDS * ((warp + j) % WARPS); i <= n + j; i += SCORE_RECORDS * WARPS) {
             float dot[PARTS * SCORE_RECORDS];
@@ -861,7 +862,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             }
             const float sum = warp_sum_spread(dot, lane);  // lane l: dot l / SCORE_LANES
             constexpr int SCORE_LANES = 32 / (PARTS * SCORE_RECORDS);
-            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;  // delta rules: u ≥ SCORE_RECORDS sums a key score
+            const int u = lane / SCORE_LANES, rec = i + u % SCORE_RECORDS;
             if (lane % SCORE_LANES == 0 && rec <= n + j)
                 sh_sq[j * NREC + rec] = sum * expf(sh_G[n + j] - sh_G[rec]);
         }
