@@ -197,9 +197,12 @@ __device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool valid) {
+// BYTES (4, 8 or 16) through L1; zeros, and nothing read, when not valid.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_ca(float* smem, const float* gmem, bool valid) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(BYTES),
+                 "r"(valid ? BYTES : 0));
 }
 // Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
 // the line finds it there instead of queueing behind the loads issued in between.
@@ -228,15 +231,8 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     if constexpr (WIDE) {
         for (int x = tid * 4; x < count; x += THREADS * 4) cp_async16(dst + x, src + x);
     } else {
-        for (int x = tid; x < count; x += THREADS) cp_async4(dst + x, src + x, true);
+        for (int x = tid; x < count; x += THREADS) cp_async_ca<4>(dst + x, src + x, true);
     }
-}
-
-// Start copying W_VEC floats (4, 8 or 16 bytes) from global to shared memory; zeros when not valid.
-__device__ __forceinline__ void cp_async_writes(float* smem, const float* gmem, bool valid) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(W_VEC * 4),
-                 "r"(valid ? W_VEC * 4 : 0));
 }
 
 // Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
@@ -256,7 +252,7 @@ __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const flo
             const int rr = c * W_VEC;
             const bool valid = v0 + rr < V;
             const float* src = head_writes + v0 + (valid ? rr : 0);  // past V: read nothing
-            for (int i = 0; i < n; ++i) cp_async_writes(sh_w + i * W_PITCH + rr, src + (size_t)i * V, valid);
+            for (int i = 0; i < n; ++i) cp_async_ca<W_VEC * 4>(sh_w + i * W_PITCH + rr, src + (size_t)i * V, valid);
         }
     } else {
         constexpr int WRITE_STRIDE = THREADS / CHUNKS;  // records a pass of the CTA's threads covers
@@ -266,7 +262,7 @@ __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const flo
         const float* src = head_writes + (size_t)first * V + v0 + (valid ? rr : 0);  // past V: read nothing
         float* dst = sh_w + first * W_PITCH + rr;
         for (int i = first; i < n; i += WRITE_STRIDE) {
-            cp_async_writes(dst, src, valid);
+            cp_async_ca<W_VEC * 4>(dst, src, valid);
             src += WRITE_STRIDE * V;
             dst += WRITE_STRIDE * W_PITCH;
         }
