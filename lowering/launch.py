@@ -16,7 +16,8 @@ FILL_THREADS = 128
 SMS_H200 = 132
 
 
-_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?", re.ASCII)
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?",
+                    re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class LaunchConfig:
     max_registers: int = 128
     eager_records: bool = False  # the step stages the whole buffer before its fill arrives (latency over bytes)
     verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
+    shared_rows: int = 0  # the replay step's last rows of each warp held in shared memory, not registers
 
     def __post_init__(self):
         for name in ("warps", "rows_per_warp", "max_registers"):
@@ -37,6 +39,9 @@ class LaunchConfig:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if not isinstance(self.verify_rows_per_pass, int) or self.verify_rows_per_pass < 0:
             raise ValueError(f"verify_rows_per_pass: expected an int >= 0 (0: the default), got {self.verify_rows_per_pass!r}")
+        if not isinstance(self.shared_rows, int) or not 0 <= self.shared_rows < self.rows_per_warp:
+            raise ValueError(f"shared_rows: expected an int in [0, rows_per_warp = {self.rows_per_warp}) "
+                             f"(a warp keeps at least one row in registers), got {self.shared_rows!r}")
 
     @property
     def threads(self) -> int:
@@ -50,22 +55,23 @@ class LaunchConfig:
     @property
     def label(self) -> str:
         """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
-        eager records and ``/p10`` for verify's rows per pass when set."""
+        eager records, ``/p10`` for verify's rows per pass and ``/s8`` for shared rows when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
                 + ("/e" if self.eager_records else "")
-                + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else ""))
+                + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else "")
+                + (f"/s{self.shared_rows}" if self.shared_rows else ""))
 
     @classmethod
     def from_label(cls, label: str) -> "LaunchConfig":
-        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``): the inverse of ``label``, which
+        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``, ``4x16/r96/s8``): the inverse of ``label``, which
         it must match exactly (options in its order, no cap written as ``/r128``)."""
         match = _LABEL.fullmatch(label)
         try:
             if match is None:
-                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN in that order")
-            warps, rows, cap, eager, passes = match.groups()
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN in that order")
+            warps, rows, cap, eager, passes, shared = match.groups()
             launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
-                         verify_rows_per_pass=int(passes) if passes else 0)
+                         verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0)
             if launch.label != label:
                 raise ValueError(f"it reads as {launch.label!r}")
         except ValueError as exc:
@@ -77,6 +83,11 @@ class LaunchConfig:
         """Verify's rows per pass through the drafts: ``verify_rows_per_pass``, or by default 8 (all of
         a warp's rows in one pass spill at 16 rows for some declarations, at 10 for some shapes)."""
         return min(self.verify_rows_per_pass or 8, self.rows_per_warp)
+
+    @property
+    def register_rows(self) -> int:
+        """The replay step's rows per warp held in registers: the first ``rows_per_warp - shared_rows``."""
+        return self.rows_per_warp - self.shared_rows
 
     @property
     def rows_per_cta(self) -> int:

@@ -172,7 +172,8 @@ def test_an_entry_this_version_cannot_read_is_no_entry(program, tmp_path, monkey
     assert autotune.lookup(program, 8) is None
 
 
-@pytest.mark.parametrize("bad", [{"warps": 0}, {"rows_per_warp": -1}, {"verify_rows_per_pass": -8}, {"max_registers": 64.0}])
+@pytest.mark.parametrize("bad", [{"warps": 0}, {"rows_per_warp": -1}, {"verify_rows_per_pass": -8}, {"max_registers": 64.0},
+                                 {"shared_rows": 4}, {"shared_rows": -1}, {"shared_rows": 2.0}])
 def test_launch_config_refuses_what_no_kernel_can_run(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         LaunchConfig(**bad)
@@ -181,13 +182,14 @@ def test_launch_config_refuses_what_no_kernel_can_run(bad):
 def test_every_candidate_launch_is_named_by_its_label():
     """``LaunchConfig.from_label`` reads back every launch the tuner can pick, and any mix of options."""
     launches = set(autotune.CANDIDATES) | {launch for extras in autotune.GROUP_EXTRAS.values() for launch in extras}
-    launches.add(LaunchConfig(16, 2, max_registers=72, eager_records=True, verify_rows_per_pass=2))
+    launches.add(LaunchConfig(16, 2, max_registers=72, eager_records=True, verify_rows_per_pass=2, shared_rows=1))
     for launch in launches:
         assert LaunchConfig.from_label(launch.label) == launch, launch.label
 
 
 @pytest.mark.parametrize("bad", ["8", "8x", "x8", "8x8/r", "8x8/q4", "8x8/r64/r80", "8x8/e2", "8x8/p", "4x4/r6.5", "0x8",
-                                 "8x0", "08x8", "8x8/r064", "8x8/r128", "8x8/p0", "8x8/p4/r64", "\u0664x8", "+8x8", " 8x8"])
+                                 "8x0", "08x8", "8x8/r064", "8x8/r128", "8x8/p0", "8x8/p4/r64", "\u0664x8", "+8x8", " 8x8",
+                                 "8x8/s0", "8x8/s8", "8x8/s4/r64", "8x8/s4/p4"])
 def test_a_label_that_names_no_launch_is_refused(bad):
     with pytest.raises(ValueError, match=re.escape(f"launch label {bad!r}")):
         LaunchConfig.from_label(bad)
@@ -205,6 +207,21 @@ def test_tensor_core_verify_drops_the_rows_per_pass_options():
     assert {c for c in autotune.distinct_candidates(tensor, "verify") if c.verify_rows_per_pass} == {capped}
     assert autotune.distinct_candidates(simt, "verify") == autotune.candidates("verify")
     assert autotune.distinct_candidates(tensor, "replay") == autotune.candidates("replay")
+
+
+@pytest.mark.parametrize("k_dim,state_dtype", [(6, "float32"), (100, "bfloat16"), (36, "float16")])
+def test_shared_rows_need_rows_of_whole_16_byte_units(k_dim, state_dtype):
+    """The bulk copies of shared rows move 16-byte units: a state row of another size gets a
+    ``LoweringError`` naming ``shared_rows``, and the tuner does not time those options there."""
+    from replayssm_dsl.errors import LoweringError
+    from replayssm_dsl.lowering.render_cuda import render_program
+    program = lower(variants.get("gdn"), ModelShape(4, 2, 64, k_dim), ReplayConfig(window=4, max_drafts=2, state_dtype=state_dtype))
+    shared = [c for c in autotune.candidates("replay") if c.shared_rows]
+    assert shared, "the replay group has shared-row options"
+    with pytest.raises(LoweringError, match="shared_rows"):
+        render_program(program, shared[0])
+    assert autotune.distinct_candidates(program, "replay") == tuple(c for c in autotune.candidates("replay") if not c.shared_rows)
+    render_program(program, LaunchConfig(4, 16, max_registers=96))  # the same launch without shared rows renders
 
 
 def test_an_entry_tuned_by_an_earlier_version_is_tuned_again(program, tmp_path, monkeypatch):
