@@ -135,12 +135,13 @@ def row_check_lines(f: Facts) -> list[str]:
     return lines
 
 
-def fill_load_lines(f: Facts, copies_in_flight: bool = False) -> list[str]:
+def fill_load_lines(f: Facts, copies_in_flight: str = "") -> list[str]:
     """The slot's buffer fill (a fill no kernel writes: the row touches nothing) and the flush decision;
-    with ``copies_in_flight`` a row that stops here first waits for its asynchronous copies."""
+    with ``copies_in_flight`` (the C lines that wait for them) a row that stops here first waits for
+    its asynchronous copies."""
     lines = []
     if "load_fill" in f.stmts:
-        stop = "{ cp_async_wait(); return; }" if copies_in_flight else "return;"
+        stop = f"{{ {copies_in_flight} return; }}" if copies_in_flight else "return;"
         lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) {stop}"]
     elif f.family != "copy":
         lines.append("const int n = 0;")
@@ -345,10 +346,11 @@ def fold_keys(decl, last: str, count: str) -> list[str]:
     return lines + ["__syncthreads();"]
 
 
-def fold_rows(decl, last: str, count: str, rows: str = "RPW") -> list[str]:
+def fold_rows(decl, last: str, count: str, rows: str = "RPW", first: str = "0") -> list[str]:
     """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``fold_keys``): records outer,
-    each key fragment read from shared memory once for all of the warp's rows (``rows`` of them in ``s``
-    and ``wv``)."""
+    each key fragment read from shared memory once for all of the warp's rows (``rows`` of them in ``s``;
+    their writes in ``wv`` from ``wv[first]`` on)."""
+    offset = "" if first == "0" else f"{first} + "
     scale = {"none": [],
              "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", f"for (int r = 0; r < {rows}; ++r)",
                         "    #pragma unroll", "    for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
@@ -362,7 +364,7 @@ def fold_rows(decl, last: str, count: str, rows: str = "RPW") -> list[str]:
         "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }",
         "    #pragma unroll",
         f"    for (int r = 0; r < {rows}; ++r) {{",
-        "        const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
+        f"        const float wm = __shfl_sync(0xffffffffu, wv[{offset}r], m);",
         "        #pragma unroll",
         "        for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];",
         "    }",

@@ -84,28 +84,28 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
         body.append("__shared__ float sh_G[NREC];")
     elif decl.decay_form == "vector":
         body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
-    if guard:  # flush_for_verify: most rows only check and exit, so the fold keeps few registers
-        assert "store_state:materialized" not in f.guards, "the chunked fold stores to the checkpoint only"
-        return body + _chunked_fold(decl)
+    target = ("materialized + (((size_t)b * HV + hv) * V + row) * K" if "store_state:materialized" in f.guards
+              else CHECKPOINT_ROW.format(page="dst"))
+    # flush_for_verify: most rows only check and exit, so the fold keeps few registers; a launch with
+    # shared rows has more rows per warp than the registers hold at once (its fold kernels spill whole)
+    if guard or launch.shared_rows:
+        return body + _chunked_fold(decl, target)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
     body += load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
     body += row_records()
     fold = fold_keys(decl, "n - 1", "n") + fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
-    if "store_state:materialized" in f.guards:
-        body += store_rows("materialized + (((size_t)b * HV + hv) * V + row) * K")
-    else:
-        body += store_rows(CHECKPOINT_ROW.format(page="dst"))
-    return body
+    return body + store_rows(target)
 
 
-def _chunked_fold(decl) -> list[str]:
+def _chunked_fold(decl, target: str) -> list[str]:
     """The fold a few rows of the warp at a time (``FOLD_ROWS``), for a kernel that most rows leave
     after their checks (``flush_for_verify``: in a speculative steady state a fraction of the rows
     fold before a verify). Holding a warp's RPW rows at once would set the registers, and with them
     how few of its CTAs fit on an SM while they only check and exit (measured as a bound: the
-    same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md)."""
-    src, dst = CHECKPOINT_ROW.format(page="src"), CHECKPOINT_ROW.format(page="dst")
+    same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md). Launches with
+    shared rows fold this way too. Rows go to ``target`` (a row's address, ``row`` in scope)."""
+    src = CHECKPOINT_ROW.format(page="src")
     return (load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
             + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
             + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
@@ -115,7 +115,7 @@ def _chunked_fold(decl) -> list[str]:
             + ["    if (n > 0) {  // uniform per CTA"]
             + ["        " + x for x in fold_rows(decl, "n - 1", "n", rows="FOLD_ROWS")]
             + ["    }"]
-            + ["    " + x for x in store_rows(dst, "FOLD_ROWS", "r0")]
+            + ["    " + x for x in store_rows(target, "FOLD_ROWS", "r0")]
             + ["}"])
 
 
@@ -183,6 +183,8 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
+              # the replay step's rows per warp in shared memory (the last SRPW) and in registers
+              "SRPW": launch.shared_rows, "RREG": launch.register_rows,
               "PARTS": row_parts(decl.is_delta), "ROWS_REDUCED": rows_reduced(launch.rows_per_warp, decl.is_delta),
               "VERIFY_ROWS_REDUCED": rows_reduced(launch.verify_rows, decl.is_delta),
               # records per warp trip of the scores, their PARTS dot products each in one reduction (a

@@ -10,6 +10,9 @@ checkpoint. See docs/design.md for the math.
 
 from __future__ import annotations
 
+from replayssm_dsl.config import STATE_DTYPES
+from replayssm_dsl.errors import LoweringError
+
 from .ir import Kernel, Program
 from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
@@ -76,7 +79,7 @@ def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
 
 
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
-                           keep_record: str | None) -> list[str]:
+                           keep_record: str | None, shared_rows: bool = False) -> list[str]:
     """One group of ``group`` rows (a C constant: ``ROWS_REDUCED`` or ``VERIFY_ROWS_REDUCED``; rows
     ``first`` + u while below ``end``) for token j, reduced together (``rows_reduced_group``): each
     row's output part (checkpoint and the records before the token) and, for delta rules, its key
@@ -84,13 +87,17 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
     of the values and key projections in the upper, so lane l < 16 gets its row's projection from
     lane l + 16. The token's write then goes to ``record_lane`` of each row's ``wv``, where later
     tokens and the fold read it: always when ``keep_record`` is None, when that C condition holds, or
-    never when it is empty."""
+    never when it is empty. With ``shared_rows`` the rows from RREG on come from shared memory
+    (``state_row``), the first RREG from the registers ``s``."""
     value = row_field(decl, "value")
     scores = [f"const float sq_lane = lane < {record_lane} ? sh_sq[j * NREC + lane] : 0.f;  // record lane's score, 0 past the records"]
-    fill_parts = ["part[u] = row_dot_partial(s[r], sh_qd + j * K, lane, wv[r] * sq_lane);"]
+    row = "rs" if shared_rows else "s[r]"
+    fill_parts = (["float rs[KE];  // row r: the registers below RREG, shared memory from RREG on",
+                   "state_row(s, r, sh_rows + warp * SRPW * K, rs, lane, v0 + warp * RPW + r < V);"] if shared_rows else [])
+    fill_parts.append(f"part[u] = row_dot_partial({row}, sh_qd + j * K, lane, wv[r] * sq_lane);")
     if decl.is_delta:
         scores.append(f"const float sk_lane = lane < {record_lane} ? sh_sk[j * NREC + lane] : 0.f;")
-        fill_parts.append(f"part[{group} + u] = row_dot_partial(s[r], sh_kd + j * K, lane, wv[r] * sk_lane);")
+        fill_parts.append(f"part[{group} + u] = row_dot_partial({row}, sh_kd + j * K, lane, wv[r] * sk_lane);")
         write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
         write = [f"w = sh_beta[j] * {value};"]
@@ -120,25 +127,66 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
             + ["            " + line for line in group] + ["        }", "    }", "}"])
 
 
-def _replay_rows(decl, f: Facts, append_guard) -> list[str]:
+def _replay_rows(decl, f: Facts, append_guard, shared_rows: bool) -> list[str]:
     """The rows' outputs and write records: one token, or drafts one after another."""
     if f.drafts:
         return _replay_rows_drafts(decl, f, append_guard)
     keep = "flush" if "fold_tokens" in f.stmts else ""  # only the fold reads the token's record
-    group = _rows_reduced_together(decl, f, append_guard, "ROWS_REDUCED", "c", "RPW", "n", keep)
+    group = _rows_reduced_together(decl, f, append_guard, "ROWS_REDUCED", "c", "RPW", "n", keep, shared_rows)
     return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {", "    const int j = 0;  // the one token"]
             + ["    " + line for line in group] + ["}"])
+
+
+SHARED_ROW = "sh_rows + ((size_t)warp * SRPW + r0 - RREG + r) * K"  # row r0 + r of the warp (r0 ≥ RREG)
+SHARED_ROWS_WAIT = "shared_rows_wait(&sh_rows_bar);"
+
+
+def _fold_shared_rows(decl, last: str, count: str) -> list[str]:
+    """The fold of the warp's shared rows (RREG on), FOLD_ROWS at a time: read from shared memory into
+    registers, folded as the register rows (``fold_rows``, their writes from ``wv[r0]`` on), stored to
+    the checkpoint's ``dst`` page. Unrolled, so ``wv`` stays in registers."""
+    rows = row_loads(SHARED_ROW, "FOLD_ROWS", "r0")
+    return (["constexpr int FOLD_ROWS = SRPW < 4 ? SRPW : 4;  // shared rows in registers at a time",
+             "#pragma unroll", "for (int r0 = RREG; r0 < RPW; r0 += FOLD_ROWS) {"]
+            + ["    " + x for x in rows + fold_rows(decl, last, count, rows="FOLD_ROWS", first="r0")
+               + store_rows(CHECKPOINT_ROW.format(page="dst"), "FOLD_ROWS", "r0")]
+            + ["}"])
+
+
+def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
+    """Why ``launch.shared_rows`` cannot serve ``program`` (None when it can, or is 0): the bulk copies
+    move whole 16-byte units, so a state row must be a multiple of 16 bytes."""
+    if not launch.shared_rows:
+        return None
+    row_bytes = program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
+    if row_bytes % 16:
+        return (f"shared_rows: launch {launch.label} copies state rows in 16-byte units, but a row of K = "
+                f"{program.shape.k_dim} {program.config.state_dtype} elements is {row_bytes} bytes (use shared_rows=0)")
+    return None
 
 
 def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
+    # the step's last rows of each warp in shared memory (verify keeps every row in registers)
+    shared_rows = bool(launch.shared_rows) and not f.drafts
+    refusal = shared_rows_refusal(program, launch) if shared_rows else None
+    if refusal:
+        raise LoweringError(refusal)
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
+    if shared_rows:
+        body += ["__shared__ __align__(128) STATE_T sh_rows[WARPS * SRPW * K];  // each warp's rows RREG..RPW-1",
+                 "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
-    state = state_page_lines(f) + first_draft_loads(decl, hoisted) + loads(CHECKPOINT_ROW.format(page="page"))
+    state = state_page_lines(f) + first_draft_loads(decl, hoisted)
+    if shared_rows:  # the bulk copies first: nothing waits on them until the rows phase
+        state += ["if (tid == 0) shared_rows_copy(sh_rows, &sh_rows_bar, checkpoint + ((size_t)page * HV + hv) * V * K, v0);"]
+        state += row_loads(CHECKPOINT_ROW.format(page="page"), "RREG")
+    else:
+        state += loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted) + stage_row_fields(decl)
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
@@ -151,7 +199,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
         body += (_arrive() if moves_fill else []) + state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
-        body += _fill_from_arrival(f) if moves_fill else fill_load_lines(f, copies_in_flight=True)
+        # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
+        stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
+        body += _fill_from_arrival(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
         body += guarded("!EAGER_RECORDS", load_records(decl)) + token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += ["cp_async_wait();", "__syncthreads();"]
@@ -180,10 +230,13 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if tensor_cores:
         body += mma_verify_rows(decl, f, append_guard)
     else:
-        body += row_records() + _replay_rows(decl, f, append_guard)
+        body += [SHARED_ROWS_WAIT + "  // the shared rows have landed"] if shared_rows else []
+        body += row_records() + _replay_rows(decl, f, append_guard, shared_rows)
     if "fold_tokens" in f.stmts:
-        fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t")
-                + store_rows(CHECKPOINT_ROW.format(page="dst")))
+        rows = "RREG" if shared_rows else "RPW"
+        fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t", rows)
+                + store_rows(CHECKPOINT_ROW.format(page="dst"), rows)
+                + (_fold_shared_rows(decl, "n + t - 1", "n + t") if shared_rows else []))
         body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
     if "set_fill" in f.stmts:
         body += _last_arrival_moves_fill(f.stmts["set_fill"].attr("value"))
@@ -210,15 +263,16 @@ def _arrive() -> list[str]:
             f"if (tid == 0) sh_fill_word = arrive_at_fill({_FILL_WORD});  // read the fill and count this CTA: one atomic"]
 
 
-def _fill_from_arrival(f: Facts) -> list[str]:
+def _fill_from_arrival(f: Facts, stop: str) -> list[str]:
     """Thread 0's read of the fill word reaches every thread (a barrier: the staging of the records
     needs ``n``). A word whose fill is out of range, or whose count exceeds the row's CTAs (a high half
     that was not zero at launch), is not one a kernel writes: the CTA takes its arrival back and
-    touches nothing (a corrupt high half with a fill in range is one the count cannot tell apart)."""
+    touches nothing (a corrupt high half with a fill in range is one the count cannot tell apart),
+    once ``stop`` has waited for its asynchronous copies."""
     return ["__syncthreads();  // thread 0's arrival holds the fill",
             "int n = (int)(sh_fill_word & FILL_MASK);",
             f"if ({FILL_UNHELD} || {_ARRIVAL} > {_LAST_ARRIVAL}) {{",
-            f"    if (tid == 0) leave_fill({_FILL_WORD});", "    cp_async_wait();", "    return;", "}"] + flush_rule_lines(f)
+            f"    if (tid == 0) leave_fill({_FILL_WORD});", f"    {stop}", "    return;", "}"] + flush_rule_lines(f)
 
 
 def _last_arrival_moves_fill(value: str) -> list[str]:

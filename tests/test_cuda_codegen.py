@@ -47,38 +47,40 @@ def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
 
 
 # Group options that may spill for a built-in shape (verify's 8x8/r64/p4: 16 B for KDA's decay vector,
-# as 8x8/r64 itself spills, and 4 B for Mamba-2 at V = 80): where they do, only verify's kernels
-# spill, so the tuner's group_spills rules them out for verify alone.
-OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4")}
+# as 8x8/r64 itself spills, and 4 B for Mamba-2 at V = 80; the replay step's 4x20/r96/s10: 4 B for GDN):
+# where they do, the tuner's group_spills rules them out for that group.
+OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn", "4x20/r96/s10")}
 
 
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
 def test_group_options_compile_without_spills(variant, shape):
     """The autotuner's group options render code the default launch never compiles (the step's eager
-    record staging, verify's rows in one pass or in passes of 4): each builds clean for the built-in
-    shapes, where it builds at all (shared memory), but for ``OPTIONS_THAT_MAY_SPILL``."""
-    from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, group_of
+    record staging and shared rows, verify's rows in one pass or in passes of 4): each group's module
+    (its own kernels, as the runtime compiles it) builds clean for the built-in shapes, where it builds
+    at all (shared memory), but for ``OPTIONS_THAT_MAY_SPILL``."""
+    from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, group_kernels
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     program = lower(variants.get(variant), SHAPES[shape], ReplayConfig())
     built = 0
-    for launch in GROUP_EXTRAS["replay"] + GROUP_EXTRAS["verify"]:
-        src = render_program(program, launch)
-        assert f"#define EAGER_RECORDS {int(launch.eager_records)}" in src
-        assert f"#define VPASS {launch.verify_rows}" in src
-        try:
-            result = compile_cubin(src, f"{variant}-{launch.label.replace('/', '-')}.cu")
-        except RuntimeError as exc:
-            assert "too much shared data" in str(exc), exc
-            continue
-        built += 1
-        if (variant, launch.label) in OPTIONS_THAT_MAY_SPILL:  # where they spill, the tuner skips them
-            spilled = {name: res.spill_stores for name, res in result.resources.items() if not res.clean}
-            assert all(group_of(name) == "verify" for name in spilled), (launch.label, spilled)
-            continue
-        for name, res in result.resources.items():
-            assert res.clean, f"{launch.label} {name}: {res}"
-    assert built >= 4
+    for group in ("replay", "verify"):
+        for launch in GROUP_EXTRAS[group]:
+            src = render_program(program, launch, kernels=group_kernels(program, group))
+            assert f"#define EAGER_RECORDS {int(launch.eager_records)}" in src
+            assert f"#define VPASS {launch.verify_rows}" in src
+            assert f"#define SRPW {launch.shared_rows}" in src and f"#define RREG {launch.register_rows}" in src
+            try:
+                result = compile_cubin(src, f"{variant}-{launch.label.replace('/', '-')}.cu")
+            except RuntimeError as exc:
+                assert "too much shared data" in str(exc), exc
+                continue
+            built += 1
+            assert sorted(result.resources) == sorted(group_kernels(program, group))
+            if (variant, launch.label) in OPTIONS_THAT_MAY_SPILL:  # where they spill, the tuner skips them
+                continue
+            for name, res in result.resources.items():
+                assert res.clean, f"{launch.label} {name}: {res}"
+    assert built >= 5
 
 
 @pytest.mark.nvrtc
@@ -239,3 +241,43 @@ def test_more_write_chunks_per_record_than_threads_compile(variant, v_dim, launc
     assert launch.rows_per_cta // w_vec > launch.threads
     result = compile_cubin(render_program(lower(variants.get(variant), shape, ReplayConfig()), launch))
     assert "replay_step" in result.resources and "verify" in result.resources, result.log
+
+
+SHARED_ROW_LAUNCHES = [LaunchConfig(4, 16, max_registers=96, shared_rows=8), LaunchConfig(4, 20, max_registers=96, shared_rows=10),
+                       LaunchConfig(4, 10, max_registers=64, shared_rows=4)]
+
+
+@pytest.mark.parametrize("launch", SHARED_ROW_LAUNCHES, ids=lambda c: c.label)
+def test_shared_rows_change_the_replay_step_and_its_folds_alone(launch):
+    """Shared rows are the replay step's (a bulk copy per warp on an mbarrier, waited for before the
+    rows and before any early exit); the fold kernels of such a launch fold a few rows at a time;
+    every other kernel renders as at the same launch without shared rows."""
+    import dataclasses
+
+    from replayssm_dsl.lowering.render_cuda import render_kernel
+    program = lower(variants.get("gdn"), SHAPES["qwen3.5-4b"], ReplayConfig())
+    plain = dataclasses.replace(launch, shared_rows=0)
+    for kernel in program.kernels:
+        with_rows, without = render_kernel(kernel, program, launch), render_kernel(kernel, program, plain)
+        if kernel.name == "replay_step":
+            assert with_rows.count("shared_rows_copy(") == 1 and "float s[RREG][KE];" in with_rows
+            waits = with_rows.count("shared_rows_wait(")
+            assert waits == 2, "one before the rows, one on the early exit of a corrupt fill"
+        elif kernel.name in ("flush", "materialize"):
+            assert "FOLD_ROWS" in with_rows and "FOLD_ROWS" not in without
+        else:
+            assert with_rows == without, kernel.name
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("launch", SHARED_ROW_LAUNCHES, ids=lambda c: c.label)
+@pytest.mark.parametrize("variant", ["gdn", "kda", "mamba2"])
+def test_shared_rows_compile_at_a_partial_tile(variant, launch):
+    """V = 60 and K = 64: the last tile's bulk copies stop at V inside a warp's shared rows; the replay
+    group's kernels build (spills allowed at this shape, where the tuner would skip a launch that
+    spills; the built-in shapes build clean: ``test_group_options_compile_without_spills``)."""
+    from replayssm_dsl.runtime.autotune import group_kernels
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    program = lower(variants.get(variant), ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3))
+    result = compile_cubin(render_program(program, launch, kernels=group_kernels(program, "replay")), "shared-rows.cu", "sm_90")
+    assert sorted(result.resources) == sorted(group_kernels(program, "replay")), result.log

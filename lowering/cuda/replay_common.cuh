@@ -163,6 +163,61 @@ __device__ __forceinline__ void cp_async_ca(float* smem, const float* gmem, bool
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// The replay step's shared rows (launch option shared_rows: SRPW > 0): each warp's last SRPW state rows,
+// [RREG, RPW) of the warp, are copied into shared memory by one bulk copy per warp (cp.async.bulk, sm_90),
+// issued by thread 0 and counted on one mbarrier, so they fly without holding registers: more rows in
+// flight per SM than the registers allow. Rows past V are not copied (readers take zeros there).
+// ``head_rows``: row 0 of the head's page; ``sh_rows``: WARPS · SRPW rows of K elements.
+template <typename T>
+__device__ __forceinline__ void shared_rows_copy(T* __restrict__ sh_rows, unsigned long long* bar,
+                                                 const T* __restrict__ head_rows, int v0) {
+    constexpr unsigned ROW_BYTES = K * sizeof(T);
+    static_assert(ROW_BYTES % 16 == 0, "shared_rows: a bulk copy moves whole 16-byte units");
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    unsigned bytes = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        const int first = v0 + w * RPW + RREG, rows = min(SRPW, V - first);
+        if (rows > 0) bytes += rows * ROW_BYTES;
+    }
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        const int first = v0 + w * RPW + RREG, rows = min(SRPW, V - first);
+        if (rows > 0) {
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(sh_rows + (size_t)w * SRPW * K);
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(dst), "l"(head_rows + (size_t)first * K), "r"(rows * ROW_BYTES), "r"(b) : "memory");
+        }
+    }
+}
+// Wait until the shared rows have landed (after a barrier that follows thread 0's shared_rows_copy, or
+// on thread 0 itself).
+__device__ __forceinline__ void shared_rows_wait(unsigned long long* bar) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("{\n\t.reg .pred done;\n\tWAIT:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n\t"
+                 "@!done bra WAIT;\n\t}" ::"r"(b) : "memory");
+}
+// Row r of a warp's RPW rows (r known at compile time): the registers for r < NR, else shared row r − NR
+// (zeros where the row is past V, as the registers hold there).
+template <int NR, typename T>
+__device__ __forceinline__ void state_row(const float (&s)[NR][KE], int r, const T* __restrict__ warp_rows,
+                                          float (&out)[KE], int lane, bool below_v) {
+    if (r < NR) {
+#pragma unroll
+        for (int i = 0; i < KE; ++i) out[i] = s[r][i];
+    } else if (below_v) {
+        load_row(warp_rows + (size_t)(r - NR) * K, out, lane);
+    } else {
+#pragma unroll
+        for (int i = 0; i < KE; ++i) out[i] = 0.f;
+    }
+}
+
 // The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
 // bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
 // (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
