@@ -25,6 +25,7 @@ from replayssm_dsl import knobs
 from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.render_replay import shared_rows_refusal
 from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
 
 from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
@@ -39,11 +40,16 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               # 2 per SM; and 16-warp CTAs of 64 rows under a 64-register cap, 2 per SM (32 warps)
               LaunchConfig(8, 16), LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64))
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
-# step, small batches) and verify's rows in one pass through the drafts, or in passes of 4 rows (each
+# step, small batches), shared rows (the replay step) and verify's rows in one pass through the drafts, or in passes of 4 rows (each
 # timed only where it builds clean, and only where verify's rows run on SIMT lanes, see
 # ``tensor_core_verify``).
 GROUP_EXTRAS = {
-    "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True)),
+    "replay": (LaunchConfig(4, 4, eager_records=True), LaunchConfig(8, 4, max_registers=64, eager_records=True),
+               # each warp's last rows in shared memory (bulk copies, no registers): more rows in flight
+               # per SM than registers hold; 320 at 4x16/r96/s8 and 4x10/r64/s4, 400 at 4x20/r96/s10,
+               # against 256 at 8x8/r64 (KDA's records leave too little shared memory for the first two)
+               LaunchConfig(4, 16, max_registers=96, shared_rows=8), LaunchConfig(4, 20, max_registers=96, shared_rows=10),
+               LaunchConfig(4, 10, max_registers=64, shared_rows=4)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
                LaunchConfig(4, 16, verify_rows_per_pass=16),
                # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
@@ -67,9 +73,11 @@ def candidates(group: str) -> tuple[LaunchConfig, ...]:
 
 
 def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
-    """``candidates(group)`` less those that render the same kernels as another for ``program``: verify's
-    rows per pass where verify's rows run on tensor cores (which take no passes)."""
-    return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c)))
+    """``candidates(group)`` less those that render the same kernels as another for ``program`` (verify's
+    rows per pass where verify's rows run on tensor cores, which take no passes) and those the lowering
+    refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``)."""
+    return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c))
+                 and shared_rows_refusal(program, c) is None)
 
 
 def group_of(kernel: str, drafts: int | None = None) -> str:
@@ -108,7 +116,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 9
+TUNING_VERSION = 10
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -116,7 +124,7 @@ kernel, so the host's enqueueing is not timed; 4: the replay step counts its arr
 after the cumulate's barrier; 5: it reads the fill with the atomic that counts its arrival; 6: without a
 delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8:
 verify may take 8x8/r64 with 4 rows per pass; 9: with a decay vector, verify scores 4 records per
-trip where no register cap applies)."""
+trip where no register cap applies; 10: the replay step may keep rows in shared memory)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:

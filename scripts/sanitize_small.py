@@ -43,4 +43,7 @@ if __name__ == "__main__":
     exercise("gdn", ModelShape(2, 1, 8, 6), ReplayConfig(window=2, max_drafts=2))
     for name in ("gdn", "kda", "mamba2"):  # 10 rows per warp, V = 60: flush_for_verify's fold in chunks of 4, the last partial
         exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=LaunchConfig(4, 10))
+    for name in ("gdn", "kda", "mamba2"):  # shared rows: the last tile's bulk copy stops at V = 60, mid-warp
+        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3),
+                 launch=LaunchConfig(4, 16, max_registers=96, shared_rows=8))
     print("sanitize_small: all kernels ran")

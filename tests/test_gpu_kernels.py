@@ -210,13 +210,14 @@ def test_gpu_cuda_graph_replays_a_decode_step_like_eager():
     assert np.array_equal(graphed.fills(), eager.fills())
 
 
-def _two_loaded_caches(name: str, seed: int):
-    """A CUDA cache and an eager twin of it (2 slots, window 4, T_max 2, ``[2, 2, 64, 64]`` heads),
-    both loaded with the same random checkpoints, for the tests that feed device batch arrays."""
+def _two_loaded_caches(name: str, seed: int, launch=None):
+    """A CUDA cache (at ``launch``, if given) and an eager twin of it (2 slots, window 4, T_max 2,
+    ``[2, 2, 64, 64]`` heads), both loaded with the same random checkpoints, for the tests that feed
+    device batch arrays."""
     decl, shape, config = ALL_DECLS[name], ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
     rng = np.random.default_rng(seed)
     params = random_params(decl, shape, rng)
-    cache = cuda_cache()(decl, shape, config, slots=2, params=params)
+    cache = cuda_cache()(decl, shape, config, slots=2, params=params, launch=launch)
     twin = cuda_cache()(decl, shape, config, slots=2, params=params)
     S0 = random_state(shape, rng, (2,)).astype(np.float32)
     cache.load([0, 1], S0)
@@ -274,14 +275,18 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
             assert np.array_equal(cache.fills(), to_host(before["fill"]))
 
 
+@pytest.mark.parametrize("shared_rows", [0, 8], ids=["registers", "shared-rows"])
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
-def test_gpu_a_fill_no_kernel_writes_touches_nothing(name):
+def test_gpu_a_fill_no_kernel_writes_touches_nothing(name, shared_rows):
     """A corrupted fill (past capacity, negative, or all ones in the low 16 bits) makes the replay step
     skip the slot's row: with the row alone every buffer keeps its bytes, the fill included; beside a
     valid row through a flush, the slot's buffers keep theirs, its output stays poisoned and the other
-    row still matches an eager twin (the CPU twin of this is test_cpu_row_checks)."""
+    row still matches an eager twin (the CPU twin of this is test_cpu_row_checks). Also with shared
+    rows, whose bulk copies the skipping CTA waits for before it exits."""
     import cupy as cp
-    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=13)
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    launch = LaunchConfig(4, 16, max_registers=96, shared_rows=shared_rows) if shared_rows else None
+    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=13, launch=launch)
     batch = _device_batch(cp, [0, 1], [0, 1], [0, 1])
     slot_one = [key for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill") if key in cache.buffers]
     for bad_fill in (config.capacity + 1, -1, 2**16 - 1):
