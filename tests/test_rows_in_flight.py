@@ -1,0 +1,30 @@
+"""Tests of scripts/rows_in_flight.py: the CTAs per SM that registers and shared memory allow, and
+the report for launch shapes of the built-in presets (NVRTC, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts_loader import load_script
+
+
+@pytest.mark.parametrize("registers,shared,warps,want", [
+    (64, 21704, 8, {"registers": 4, "shared": 10, "warps": 8, "ctas": 4}),
+    (96, 38160, 4, {"registers": 5, "shared": 5, "warps": 16, "ctas": 5}),
+    (72, 0, 4, {"registers": 7, "shared": 228, "warps": 16, "ctas": 7}),  # 72 · 32 = 2,304, nine units of 256
+    (32, 100, 2, {"registers": 32, "shared": 207, "warps": 32, "ctas": 32}),  # the CTA count caps
+])
+def test_ctas_per_sm_take_the_scarcest_resource(registers, shared, warps, want):
+    assert load_script("rows_in_flight").ctas_per_sm(registers, shared, warps) == want
+
+
+@pytest.mark.nvrtc
+def test_shared_rows_hold_more_rows_per_sm_where_they_fit():
+    """At qwen3.5-4b's shape 4x16/r96/s8 holds 320 rows per SM against 256 at 8x8/r64; at kimi's,
+    KDA's records leave no room for its shared rows within 48 KiB of static shared memory."""
+    script = load_script("rows_in_flight")
+    qwen = {row["launch"]: row for row in script.report("qwen3.5-4b", ["8x8/r64", "4x16/r96/s8"])}
+    assert qwen["8x8/r64"]["rows_per_sm"] == 256 and qwen["4x16/r96/s8"]["rows_per_sm"] == 320
+    assert all(row["resources"].clean for row in qwen.values())
+    (kimi,) = script.report("kimi-linear", ["4x16/r96/s8"])
+    assert kimi["resources"] is None and "shared data" in kimi["error"]
