@@ -17,7 +17,7 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, fields, first_draft_loads,
+from .render_blocks import (CHECKPOINT_ROW, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, load_records, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
@@ -165,6 +165,15 @@ def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
     return None
 
 
+def dynamic_shared_bytes(kernel: Kernel, program: Program, launch: LaunchConfig) -> int:
+    """Bytes of dynamic shared memory ``kernel`` launches with: the replay step's shared rows
+    (WARPS · SRPW rows of K state elements), 0 for every other kernel and launch."""
+    f = facts(kernel)
+    if f.family != "replay" or f.drafts or not launch.shared_rows:
+        return 0
+    return launch.warps * launch.shared_rows * program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
+
+
 def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
@@ -175,8 +184,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if refusal:
         raise LoweringError(refusal)
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
-    if shared_rows:
-        body += ["__shared__ __align__(128) STATE_T sh_rows[WARPS * SRPW * K];  // each warp's rows RREG..RPW-1",
+    if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
+        body += ["extern __shared__ __align__(128) unsigned char replay_shared_rows[];",
+                 "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(replay_shared_rows);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads

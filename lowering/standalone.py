@@ -19,6 +19,7 @@ from pathlib import Path
 from .ir import Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, v_tiles
 from .render_cuda import STATE_C_TYPES, render_program
+from .render_replay import dynamic_shared_bytes
 
 ARGUMENT_DOCS = {
     "checkpoint": ("state dtype", "[pages, HV, V, K]", "replay checkpoints, K contiguous"),
@@ -102,9 +103,14 @@ def render_launchers(program: Program, launch: LaunchConfig) -> str:
             grid, block = f"dim3((rows + {FILL_THREADS - 1}) / {FILL_THREADS})", f"dim3({FILL_THREADS})"
         else:
             grid, block = f"dim3({tiles}, {program.shape.heads}, rows)", f"dim3({launch.threads})"
+        shared = dynamic_shared_bytes(kernel, program, launch)
+        allow = ("" if not shared else  # the kernel may take more than 48 KiB of shared memory in all
+                 f"    const cudaError_t allowed = cudaFuncSetAttribute({kernel.name}, "
+                 f"cudaFuncAttributeMaxDynamicSharedMemorySize, {shared});\n"
+                 "    if (allowed != cudaSuccess) return allowed;\n")
         out.append(f'extern "C" cudaError_t {name}_{kernel.name}(const {name}_buffers* buffers, int rows, int t_tok, '
-                   f"cudaStream_t stream) {{\n    if (rows <= 0) return cudaSuccess;\n"
-                   f"    {kernel.name}<<<{grid}, {block}, 0, stream>>>({args});\n"
+                   f"cudaStream_t stream) {{\n    if (rows <= 0) return cudaSuccess;\n{allow}"
+                   f"    {kernel.name}<<<{grid}, {block}, {shared}, stream>>>({args});\n"
                    "    return cudaGetLastError();\n}")
     return "\n".join(out) + "\n"
 
@@ -119,13 +125,14 @@ def manifest(program: Program, launch: LaunchConfig) -> dict:
         "sizes": dict(program.sizes),
         "state_dtype": cfg.state_dtype,
         "launch": {"warps": launch.warps, "rows_per_warp": launch.rows_per_warp, "threads": launch.threads,
-                   "max_registers": launch.max_registers},
+                   "max_registers": launch.max_registers, "label": launch.label},
         "argument_order": [{"name": arg} if arg in CALL_ARGS else
                            {"name": arg, "dtype": _doc(program, arg)[0], "shape": _doc(program, arg)[1]}
                            for _, arg in kernel_arguments(program)],
         "kernels": [{"name": k.name, "doc": k.doc,
                      "grid": ["ceil(rows/128)"] if k.grid == ("B",) else [tiles, shape.heads, "rows"],
                      "block": [FILL_THREADS] if k.grid == ("B",) else [launch.threads],
+                     "dynamic_shared_bytes": dynamic_shared_bytes(k, program, launch),
                      "launcher": f"{export_name(program)}_{k.name}"} for k in program.kernels],
     }
 

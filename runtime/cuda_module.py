@@ -15,6 +15,7 @@ from replayssm_dsl import knobs
 from replayssm_dsl.lowering.ir import Program
 from replayssm_dsl.lowering.launch import LaunchConfig, grid_of
 from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.lowering.render_replay import dynamic_shared_bytes
 
 _MODULES: dict[str, object] = {}
 
@@ -93,16 +94,23 @@ class CompiledProgram:
         return {name: size for name, size in sizes.items() if size}
 
     def kernel(self, name: str):
+        """The kernel ``name``, allowed the dynamic shared memory it launches with (past 48 KiB of
+        static and dynamic together only once allowed)."""
         if name not in self._kernels:
-            self._kernels[name] = self.module.get_function(name)
+            kernel = self.module.get_function(name)
+            shared = dynamic_shared_bytes(self.program.kernel(name), self.program, self.launch)
+            if shared:
+                kernel.max_dynamic_shared_size_bytes = shared
+            self._kernels[name] = kernel
         return self._kernels[name]
 
     def launch_kernel(self, name: str, rows: int, args: tuple, stream=None) -> None:
         grid, block = grid_of(self.program.kernel(name), self.program, self.launch, rows)
+        shared = dynamic_shared_bytes(self.program.kernel(name), self.program, self.launch)
         kernel = self.kernel(name)
         stream = as_cupy_stream(stream)
         if stream is None:
-            kernel(grid, block, args)
+            kernel(grid, block, args, shared_mem=shared)
         else:
             with stream:
-                kernel(grid, block, args)
+                kernel(grid, block, args, shared_mem=shared)

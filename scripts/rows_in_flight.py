@@ -29,13 +29,15 @@ def ctas_per_sm(registers: int, shared_bytes: int, warps: int) -> dict[str, int]
 
 
 def report(preset: str, labels: list[str], kernel: str = "replay_step") -> list[dict]:
-    """One row per launch label: ptxas's resources of ``kernel`` and the rows in flight per SM
-    (``None`` resources where the module does not build, e.g. past 48 KiB of static shared memory)."""
+    """One row per launch label: ptxas's resources of ``kernel``, its dynamic shared memory (the shared
+    rows) and the rows in flight per SM (``None`` resources where the module does not build, e.g.
+    past 48 KiB of static shared memory)."""
     from replayssm_dsl import ReplayConfig, variants
     from replayssm_dsl.config import preset as get_preset
     from replayssm_dsl.lowering import lower
     from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.lowering.render_replay import dynamic_shared_bytes
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
 
     p = get_preset(preset)
@@ -48,8 +50,9 @@ def report(preset: str, labels: list[str], kernel: str = "replay_step") -> list[
         except RuntimeError as exc:
             rows.append({"launch": label, "resources": None, "error": str(exc).strip().splitlines()[-1]})
             continue
-        limits = ctas_per_sm(res.registers, res.shared_bytes, launch.warps)
-        rows.append({"launch": label, "resources": res, "limits": limits,
+        dynamic = dynamic_shared_bytes(program.kernel(kernel), program, launch)
+        limits = ctas_per_sm(res.registers, res.shared_bytes + dynamic, launch.warps)
+        rows.append({"launch": label, "resources": res, "dynamic_shared": dynamic, "limits": limits,
                      "rows_per_sm": limits["ctas"] * launch.rows_per_cta})
     return rows
 
@@ -60,7 +63,7 @@ def main() -> None:
     parser.add_argument("labels", nargs="+", help="launch labels, e.g. 8x8/r64 4x16/r96/s8")
     parser.add_argument("--kernel", default="replay_step")
     args = parser.parse_args()
-    print(f"| launch | registers | spill stores | shared bytes | CTAs/SM (registers, shared) | rows/SM |")
+    print("| launch | registers | spill stores | shared bytes (static + dynamic) | CTAs/SM (registers, shared) | rows/SM |")
     print("|---|---|---|---|---|---|")
     for row in report(args.preset, args.labels, args.kernel):
         res = row["resources"]
@@ -68,7 +71,7 @@ def main() -> None:
             print(f"| {row['launch']} | does not build: {row['error']} | | | | |")
             continue
         lim = row["limits"]
-        print(f"| {row['launch']} | {res.registers} | {res.spill_stores} | {res.shared_bytes} | "
+        print(f"| {row['launch']} | {res.registers} | {res.spill_stores} | {res.shared_bytes} + {row['dynamic_shared']} | "
               f"{lim['ctas']} ({lim['registers']}, {lim['shared']}) | {row['rows_per_sm']} |")
 
 

@@ -14,7 +14,7 @@ import pytest
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
-from replayssm_dsl.lowering.launch import kernel_arguments
+from replayssm_dsl.lowering.launch import LaunchConfig, kernel_arguments
 from replayssm_dsl.lowering.standalone import write_standalone
 
 
@@ -33,8 +33,8 @@ def test_export_writes_source_header_and_manifest(tmp_path):
     assert "int num_slots;" in text and "int num_pages;" in text  # bounds the kernels check rows against
 
 
-def _build(tmp_path, program):
-    source, header, _ = write_standalone(program, tmp_path)
+def _build(tmp_path, program, launch=None):
+    source, header, _ = write_standalone(program, tmp_path, launch)
     lib = tmp_path / "libreplayssm.so"
     subprocess.run(["nvcc", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", str(source), "-o", str(lib)],
                    check=True, capture_output=True, text=True)
@@ -50,24 +50,43 @@ def test_export_builds_a_shared_library_with_nvcc(tmp_path):
         assert f"replayssm_mamba2_{kernel.name}" in symbols
 
 
+def test_launchers_allow_the_shared_rows_dynamic_shared_memory(tmp_path):
+    """A launch with shared rows gives the replay step dynamic shared memory (WARPS · SRPW · K state
+    elements): its launcher allows that much before the launch and passes it, and the manifest says
+    so; every other kernel, and every kernel of a launch without shared rows, launches with none."""
+    program = lower(variants.get("gdn"), PRESETS["qwen3.5-4b"].shape, ReplayConfig())
+    for launch, step_bytes in ((LaunchConfig(4, 16, max_registers=96, shared_rows=8), 4 * 8 * 128 * 4), (LaunchConfig(8, 8), 0)):
+        source, _, meta = write_standalone(program, tmp_path / launch.label.replace("/", "-"), launch)
+        manifest = json.loads(meta.read_text())
+        shared = {k["name"]: k["dynamic_shared_bytes"] for k in manifest["kernels"]}
+        assert shared == {k.name: step_bytes if k.name == "replay_step" else 0 for k in program.kernels}
+        assert manifest["launch"]["label"] == launch.label
+        text = source.read_text()
+        allowed = f"cudaFuncSetAttribute(replay_step, cudaFuncAttributeMaxDynamicSharedMemorySize, {step_bytes});"
+        assert (allowed in text) == bool(step_bytes) and text.count("cudaFuncSetAttribute(") == int(bool(step_bytes))
+        assert f"replay_step<<<dim3({-(-128 // launch.rows_per_cta)}, 32, rows), dim3({launch.threads}), {step_bytes}, stream>>>" in text
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_library_through_ctypes_matches_the_python_runtime(tmp_path):
+@pytest.mark.parametrize("label", ["4x4", "8x16/r80/s8"])
+def test_library_through_ctypes_matches_the_python_runtime(tmp_path, label):
+    """The replay step through the library equals the Python runtime's (at a launch with shared rows
+    too: dynamic shared memory, allowed by the launcher)."""
     import cupy as cp
 
     from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
     from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
-    from replayssm_dsl.lowering.launch import LaunchConfig
 
     decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 64, 64), ReplayConfig(window=4, max_drafts=2)
     rng = np.random.default_rng(0)
     params = random_params(decl, shape, rng)
     python = CudaReplayCache(decl, shape, config, slots=3, params=params, launch=LaunchConfig())
-    mirror = CudaReplayCache(decl, shape, config, slots=3, params=params, launch=LaunchConfig())
+    mirror = CudaReplayCache(decl, shape, config, slots=3, params=params, launch=LaunchConfig.from_label(label))
     S0 = random_state(shape, rng, (3,)).astype(np.float32)
     python.load([0, 1, 2], S0)
     mirror.load([0, 1, 2], S0)
-    library = ctypes.CDLL(str(_build(tmp_path, mirror.program)))
+    library = ctypes.CDLL(str(_build(tmp_path, mirror.program, mirror.fixed_launch)))
     fields = [(ctype, name) for ctype, name in kernel_arguments(mirror.program) if name not in ("rows", "t_tok")]
     args = [name for _, name in fields]
 
