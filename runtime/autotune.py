@@ -49,7 +49,11 @@ GROUP_EXTRAS = {
                # per SM than registers hold; 320 at 4x16/r96/s8 and 4x10/r64/s4, 400 at 4x20/r96/s10,
                # against 256 at 8x8/r64 (KDA's records leave too little shared memory for the first two)
                LaunchConfig(4, 16, max_registers=96, shared_rows=8), LaunchConfig(4, 20, max_registers=96, shared_rows=10),
-               LaunchConfig(4, 10, max_registers=64, shared_rows=4)),
+               LaunchConfig(4, 10, max_registers=64, shared_rows=4),
+               # 3 CTAs of 8 warps per SM with the shared rows in dynamic shared memory: 384 rows at
+               # 8x16/r80/s10 (GDN) and /s8 (Mamba-2; GDN and KDA spill there), 288 at 8x12/r80/s4 (KDA)
+               LaunchConfig(8, 16, max_registers=80, shared_rows=10), LaunchConfig(8, 16, max_registers=80, shared_rows=8),
+               LaunchConfig(8, 12, max_registers=80, shared_rows=4)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
                LaunchConfig(4, 16, verify_rows_per_pass=16),
                # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
@@ -116,7 +120,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 10
+TUNING_VERSION = 11
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -124,7 +128,8 @@ kernel, so the host's enqueueing is not timed; 4: the replay step counts its arr
 after the cumulate's barrier; 5: it reads the fill with the atomic that counts its arrival; 6: without a
 delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8:
 verify may take 8x8/r64 with 4 rows per pass; 9: with a decay vector, verify scores 4 records per
-trip where no register cap applies; 10: the replay step may keep rows in shared memory)."""
+trip where no register cap applies; 10: the replay step may keep rows in shared memory; 11: in
+dynamic shared memory, past 48 KiB in all)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
