@@ -349,8 +349,10 @@ def fold_keys(decl, last: str, count: str) -> list[str]:
 def fold_rows(decl, last: str, count: str, rows: str = "RPW", first: str = "0") -> list[str]:
     """s ← s·e^{G_last} + Σ_{m<count} w_m kf_m for the warp's rows (kf from ``fold_keys``): records outer,
     each key fragment read from shared memory once for all of the warp's rows (``rows`` of them in ``s``;
-    their writes in ``wv`` from ``wv[first]`` on)."""
+    their writes in ``wv`` from ``wv[first]`` on; past the warp's RPW rows, which a last chunk of
+    ``rows`` may reach, 0 without reading ``wv``)."""
     offset = "" if first == "0" else f"{first} + "
+    write = "wv[r]" if first == "0" else f"({offset}r < RPW ? wv[{offset}r] : 0.f)"
     scale = {"none": [],
              "scalar": [f"const float a = expf(sh_G[{last}]);", "#pragma unroll", f"for (int r = 0; r < {rows}; ++r)",
                         "    #pragma unroll", "    for (int i = 0; i < KE; ++i) s[r][i] *= a;"],
@@ -364,7 +366,7 @@ def fold_rows(decl, last: str, count: str, rows: str = "RPW", first: str = "0") 
         "    for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); kf[i] = (e < K) ? sh_key[m * K + e] : 0.f; }",
         "    #pragma unroll",
         f"    for (int r = 0; r < {rows}; ++r) {{",
-        f"        const float wm = __shfl_sync(0xffffffffu, wv[{offset}r], m);",
+        f"        const float wm = __shfl_sync(0xffffffffu, {write}, m);",
         "        #pragma unroll",
         "        for (int i = 0; i < KE; ++i) s[r][i] += wm * kf[i];",
         "    }",

@@ -267,6 +267,8 @@ def test_shared_rows_change_the_replay_step_and_its_folds_alone(launch):
             assert with_rows.count("shared_rows_copy(") == 1 and "float s[RREG][KE];" in with_rows
             waits = with_rows.count("shared_rows_wait(")
             assert waits == 2, "one before the rows, one on the early exit of a corrupt fill"
+            # the fused fold's last chunk of shared rows may reach past RPW (10 rows in chunks of 4)
+            assert "(r0 + r < RPW ? wv[r0 + r] : 0.f)" in with_rows
         elif kernel.name in ("flush", "materialize"):
             assert "FOLD_ROWS" in with_rows and "FOLD_ROWS" not in without
         else:
