@@ -153,12 +153,22 @@ def _fold_shared_rows(decl, last: str, count: str) -> list[str]:
             + ["}"])
 
 
+def _state_row_bytes(program: Program) -> int:
+    return program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
+
+
+def _takes_shared_rows(f: Facts, launch: LaunchConfig) -> bool:
+    """Whether the kernel of ``f`` keeps rows in shared memory at ``launch``: the replay step (verify
+    keeps every row in registers)."""
+    return bool(launch.shared_rows) and f.family == "replay" and not f.drafts
+
+
 def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
     """Why ``launch.shared_rows`` cannot serve ``program`` (None when it can, or is 0): the bulk copies
     move whole 16-byte units, so a state row must be a multiple of 16 bytes."""
     if not launch.shared_rows:
         return None
-    row_bytes = program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
+    row_bytes = _state_row_bytes(program)
     if row_bytes % 16:
         return (f"shared_rows: launch {launch.label} copies state rows in 16-byte units, but a row of K = "
                 f"{program.shape.k_dim} {program.config.state_dtype} elements is {row_bytes} bytes (use shared_rows=0)")
@@ -168,18 +178,16 @@ def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
 def dynamic_shared_bytes(kernel: Kernel, program: Program, launch: LaunchConfig) -> int:
     """Bytes of dynamic shared memory ``kernel`` launches with: the replay step's shared rows
     (WARPS · SRPW rows of K state elements), 0 for every other kernel and launch."""
-    f = facts(kernel)
-    if f.family != "replay" or f.drafts or not launch.shared_rows:
+    if not _takes_shared_rows(facts(kernel), launch):
         return 0
-    return launch.warps * launch.shared_rows * program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
+    return launch.warps * launch.shared_rows * _state_row_bytes(program)
 
 
 def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
-    # the step's last rows of each warp in shared memory (verify keeps every row in registers)
-    shared_rows = bool(launch.shared_rows) and not f.drafts
+    shared_rows = _takes_shared_rows(f, launch)  # the step's last rows of each warp in shared memory
     refusal = shared_rows_refusal(program, launch) if shared_rows else None
     if refusal:
         raise LoweringError(refusal)

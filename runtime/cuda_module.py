@@ -59,7 +59,9 @@ class CompiledProgram:
         self.hash = source_hash(self.source)
         self._module = None
         self._kernels = {}
-        self._shared = {}
+        # bytes of dynamic shared memory each kernel launches with (the replay step's shared rows)
+        self.dynamic_shared = {name: dynamic_shared_bytes(program.kernel(name), program, self.launch)
+                               for name in self.kernel_names}
         self.dumped = self._dump()
 
     @property
@@ -99,21 +101,14 @@ class CompiledProgram:
         static and dynamic together only once allowed)."""
         if name not in self._kernels:
             kernel = self.module.get_function(name)
-            shared = self.dynamic_shared_bytes(name)
-            if shared:
-                kernel.max_dynamic_shared_size_bytes = shared
+            if self.dynamic_shared[name]:
+                kernel.max_dynamic_shared_size_bytes = self.dynamic_shared[name]
             self._kernels[name] = kernel
         return self._kernels[name]
 
-    def dynamic_shared_bytes(self, name: str) -> int:
-        """Bytes of dynamic shared memory kernel ``name`` launches with (worked out once per kernel)."""
-        if name not in self._shared:
-            self._shared[name] = dynamic_shared_bytes(self.program.kernel(name), self.program, self.launch)
-        return self._shared[name]
-
     def launch_kernel(self, name: str, rows: int, args: tuple, stream=None) -> None:
         grid, block = grid_of(self.program.kernel(name), self.program, self.launch, rows)
-        shared = self.dynamic_shared_bytes(name)
+        shared = self.dynamic_shared[name]
         kernel = self.kernel(name)
         stream = as_cupy_stream(stream)
         if stream is None:
