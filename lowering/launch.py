@@ -16,7 +16,7 @@ FILL_THREADS = 128
 SMS_H200 = 132
 
 
-_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?",
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?",
                     re.ASCII)
 
 
@@ -31,6 +31,7 @@ class LaunchConfig:
     eager_records: bool = False  # the step stages the whole buffer before its fill arrives (latency over bytes)
     verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
     shared_rows: int = 0  # the replay step's last rows of each warp held in shared memory, not registers
+    register_writes: bool = False  # the replay step loads its write records into registers, not shared memory
 
     def __post_init__(self):
         for name in ("warps", "rows_per_warp", "max_registers"):
@@ -55,23 +56,26 @@ class LaunchConfig:
     @property
     def label(self) -> str:
         """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
-        eager records, ``/p10`` for verify's rows per pass and ``/s8`` for shared rows when set."""
+        eager records, ``/p10`` for verify's rows per pass, ``/s8`` for shared rows and ``/w`` for write
+        records in registers when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
                 + ("/e" if self.eager_records else "")
                 + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else "")
-                + (f"/s{self.shared_rows}" if self.shared_rows else ""))
+                + (f"/s{self.shared_rows}" if self.shared_rows else "")
+                + ("/w" if self.register_writes else ""))
 
     @classmethod
     def from_label(cls, label: str) -> "LaunchConfig":
-        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``, ``4x16/r96/s8``): the inverse of ``label``, which
+        """The launch that ``label`` names (``8x8/r64/p4``, ``4x4/e``, ``8x16/r80/s10/w``): the inverse of ``label``, which
         it must match exactly (options in its order, no cap written as ``/r128``)."""
         match = _LABEL.fullmatch(label)
         try:
             if match is None:
-                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN in that order")
-            warps, rows, cap, eager, passes, shared = match.groups()
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w in that order")
+            warps, rows, cap, eager, passes, shared, writes = match.groups()
             launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
-                         verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0)
+                         verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0,
+                         register_writes=bool(writes))
             if launch.label != label:
                 raise ValueError(f"it reads as {launch.label!r}")
         except ValueError as exc:

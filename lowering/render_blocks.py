@@ -270,9 +270,11 @@ def epilogue(decl) -> list[str]:
     return lines
 
 
-def load_records(decl, count: str = "n") -> list[str]:
+def load_records(decl, count: str = "n", writes_in_registers: bool = False) -> list[str]:
     """Start the asynchronous copies of the buffer's first ``count`` keys (and decays) and of the write
-    records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them)."""
+    records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them); with
+    ``writes_in_registers`` the write records go straight into each warp's ``wv`` instead (declared
+    before: ``load_record_rows_global``)."""
     khead = "hk" if decl.key_level == "group" else "hv"
     wide = "VEC == 4"
     lines = [f"stage_floats<{wide}>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K, {count} * K, tid);"]
@@ -280,7 +282,11 @@ def load_records(decl, count: str = "n") -> list[str]:
         lines.append(f"stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, {count}, tid);")
     elif decl.decay_form == "vector":
         lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, {count} * K, tid);")
-    lines.append(f"stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, {count}, v0, tid);")
+    head_writes = "rec_write + ((size_t)slot * HV + hv) * CAPACITY * V"
+    if writes_in_registers:
+        lines.append(f"load_record_rows_global(wv, {head_writes}, v0, warp, lane, {count});")
+    else:
+        lines.append(f"stage_writes(sh_w, {head_writes}, {count}, v0, tid);")
     return lines
 
 
@@ -416,9 +422,11 @@ CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
 STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
 
 
-def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None) -> list[str]:
+def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
+                 shared_writes: bool = True) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
-    drafts (verify on tensor cores rewrites them as fragments of that many columns)."""
+    drafts (verify on tensor cores rewrites them as fragments of that many columns); ``shared_writes``
+    False: no ``sh_w`` (the write records go straight into registers)."""
     tn = "TMAX" if drafts else "1"
     tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
@@ -426,7 +434,7 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
              f"__shared__ __align__(16) float sh_q[{tn} * K];",
              f"__shared__ float sh_beta[{tn}];"]
     if replay:
-        lines += ["__shared__ __align__(16) float sh_w[NREC * W_PITCH];",
+        lines += ["__shared__ __align__(16) float sh_w[NREC * W_PITCH];" if shared_writes else "",
                   f"__shared__ __align__(16) float sh_qd[{tq} * K];",
                   f"__shared__ __align__(16) float sh_kd[{tq} * K];",
                   f"__shared__ float sh_sq[{tn} * NREC];"]

@@ -163,6 +163,16 @@ def _takes_shared_rows(f: Facts, launch: LaunchConfig) -> bool:
     return bool(launch.shared_rows) and f.family == "replay" and not f.drafts
 
 
+def _writes_in_registers(f: Facts, launch: LaunchConfig) -> bool:
+    """Whether the kernel of ``f`` loads its write records straight into registers (``wv``) as soon as
+    the fill is known, instead of staging them in shared memory, at ``launch`` (``register_writes``):
+    the replay step, whose one token needs each warp's own rows only (verify's tensor-core fragments
+    gather them from shared memory). Frees NREC · W_PITCH floats of shared memory per CTA (KDA's
+    records fill it) for more CTAs or shared rows per SM, at the cost of RPW registers held through
+    the head-level work."""
+    return launch.register_writes and f.family == "replay" and not f.drafts
+
+
 def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
     """Why ``launch.shared_rows`` cannot serve ``program`` (None when it can, or is 0): the bulk copies
     move whole 16-byte units, so a state row must be a multiple of 16 bytes."""
@@ -191,7 +201,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     refusal = shared_rows_refusal(program, launch) if shared_rows else None
     if refusal:
         raise LoweringError(refusal)
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts)
+    writes_in_registers = _writes_in_registers(f, launch)
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts,
+                                 shared_writes=not writes_in_registers)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
         body += ["extern __shared__ __align__(128) unsigned char replay_shared_rows[];",
                  "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(replay_shared_rows);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
@@ -206,21 +218,27 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     else:
         state += loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted) + stage_row_fields(decl)
+    if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
+        state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
     if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-        body += state + guarded(f.guards.get("load_records", ""), load_records(decl)) + token_fields
+        body += state + guarded(f.guards.get("load_records", ""), load_records(decl, "n", writes_in_registers)) + token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
-        body += (_arrive() if moves_fill else []) + state + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY"))
+        body += ((_arrive() if moves_fill else []) + state
+                 + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY", writes_in_registers)))
         # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
         stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
         body += _fill_from_arrival(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
-        body += guarded("!EAGER_RECORDS", load_records(decl)) + token_fields
+        body += guarded("!EAGER_RECORDS", load_records(decl, "n", writes_in_registers))
+        if writes_in_registers:  # the whole buffer's writes came in: keep the fill's
+            body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
+        body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += ["cp_async_wait();", "__syncthreads();"]
     body += _cumulate(decl)
@@ -249,7 +267,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += mma_verify_rows(decl, f, append_guard)
     else:
         body += [SHARED_ROWS_WAIT + "  // the shared rows have landed"] if shared_rows else []
-        body += row_records() + _replay_rows(decl, f, append_guard, shared_rows)
+        body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows)
     if "fold_tokens" in f.stmts:
         rows = "RREG" if shared_rows else "RPW"
         fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t", rows)

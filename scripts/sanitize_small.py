@@ -46,4 +46,8 @@ if __name__ == "__main__":
     for name in ("gdn", "kda", "mamba2"):  # shared rows: the last tile's bulk copy stops at V = 60, mid-warp
         exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3),
                  launch=LaunchConfig(4, 16, max_registers=96, shared_rows=8))
+    for name in ("gdn", "kda"):  # the write records in registers: loaded once the fill is known, or all of them eagerly
+        for launch in (LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
+                       LaunchConfig(4, 4, eager_records=True, register_writes=True)):
+            exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
     print("sanitize_small: all kernels ran")

@@ -49,11 +49,13 @@ def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
 # Group options that may spill for a built-in shape (verify's 8x8/r64/p4: 16 B for KDA's decay vector,
 # as 8x8/r64 itself spills, and 4 B for Mamba-2 at V = 80; the replay step's 4x20/r96/s10: 4 B for GDN;
 # 8x16/r80/s8: 48 B for GDN and KDA, 16 B for Mamba-2 at V = 80; 8x12/r80/s4 and 8x16/r80/s10: 4 B for
-# Mamba-2 at V = 80; 4x20/r96/s10: 4 B for KDA):
+# Mamba-2 at V = 80; 4x20/r96/s10: 4 B for KDA; with the write records in registers, 8x16/r80/s10/w: 8 B
+# for GDN, 16 B for Mamba-2, and 4x16/r96/s8/w: 4 B for Mamba-2):
 # where they do, the tuner's group_spills rules them out for that group.
 OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn", "4x20/r96/s10"),
                           ("gdn", "8x16/r80/s8"), ("kda", "8x16/r80/s8"), ("mamba2", "8x16/r80/s8"), ("mamba2", "8x12/r80/s4"),
-                          ("mamba2", "8x16/r80/s10"), ("kda", "4x20/r96/s10")}
+                          ("mamba2", "8x16/r80/s10"), ("kda", "4x20/r96/s10"), ("gdn", "8x16/r80/s10/w"),
+                          ("mamba2", "8x16/r80/s10/w"), ("mamba2", "4x16/r96/s8/w")}
 
 
 @pytest.mark.nvrtc
@@ -275,8 +277,34 @@ def test_shared_rows_change_the_replay_step_and_its_folds_alone(launch):
             assert with_rows == without, kernel.name
 
 
+@pytest.mark.parametrize("launch", [LaunchConfig(8, 16, max_registers=80, shared_rows=10, register_writes=True),
+                                    LaunchConfig(4, 4, eager_records=True, register_writes=True)], ids=lambda c: c.label)
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_register_writes_change_the_replay_step_alone(variant, launch):
+    """``/w``: the replay step loads its write records into registers as soon as the fill is known (no
+    ``sh_w``; with eager records every record, then the lanes past the fill cleared); every other
+    kernel, verify included, renders as at the same launch without it."""
+    import dataclasses
+
+    from replayssm_dsl.lowering.render_cuda import render_kernel
+    program = lower(variants.get(variant), SHAPES["qwen3.5-4b" if variant == "gdn" else "kimi-linear"], ReplayConfig())
+    staged = dataclasses.replace(launch, register_writes=False)
+    for kernel in program.kernels:
+        in_registers, without = render_kernel(kernel, program, launch), render_kernel(kernel, program, staged)
+        if kernel.name == "replay_step":
+            assert "sh_w[" not in in_registers and "stage_writes(" not in in_registers
+            assert "load_record_rows(" not in in_registers and "load_record_rows(" in without
+            loads = in_registers.count("load_record_rows_global(wv, ")
+            assert loads == 2, "one with the eager records, one once the fill is known"
+            assert in_registers.index("load_record_rows_global(") < in_registers.index("cp_async_wait();\n    __syncthreads();")
+            assert "wv[r] = lane < n ? wv[r] : 0.f;" in in_registers
+        else:
+            assert in_registers == without, kernel.name
+
+
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("launch", SHARED_ROW_LAUNCHES, ids=lambda c: c.label)
+@pytest.mark.parametrize("launch", SHARED_ROW_LAUNCHES + [LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True)],
+                         ids=lambda c: c.label)
 @pytest.mark.parametrize("variant", ["gdn", "kda", "mamba2"])
 def test_shared_rows_compile_at_a_partial_tile(variant, launch):
     """V = 60 and K = 64: the last tile's bulk copies stop at V inside a warp's shared rows; the replay

@@ -275,17 +275,18 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
             assert np.array_equal(cache.fills(), to_host(before["fill"]))
 
 
-@pytest.mark.parametrize("shared_rows", [0, 8], ids=["registers", "shared-rows"])
+@pytest.mark.parametrize("label", [None, "4x16/r96/s8", "4x16/r96/s8/w"], ids=["registers", "shared-rows", "register-writes"])
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
-def test_gpu_a_fill_no_kernel_writes_touches_nothing(name, shared_rows):
+def test_gpu_a_fill_no_kernel_writes_touches_nothing(name, label):
     """A corrupted fill (past capacity, negative, or all ones in the low 16 bits) makes the replay step
     skip the slot's row: with the row alone every buffer keeps its bytes, the fill included; beside a
     valid row through a flush, the slot's buffers keep theirs, its output stays poisoned and the other
     row still matches an eager twin (the CPU twin of this is test_cpu_row_checks). Also with shared
-    rows, whose bulk copies the skipping CTA waits for before it exits."""
+    rows, whose bulk copies the skipping CTA waits for before it exits, and with the write records
+    loaded straight into registers."""
     import cupy as cp
     from replayssm_dsl.lowering.launch import LaunchConfig
-    launch = LaunchConfig(4, 16, max_registers=96, shared_rows=shared_rows) if shared_rows else None
+    launch = LaunchConfig.from_label(label) if label else None
     decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=13, launch=launch)
     batch = _device_batch(cp, [0, 1], [0, 1], [0, 1])
     slot_one = [key for key in ("checkpoint", "rec_write", "rec_decay", "rec_key", "fill") if key in cache.buffers]
@@ -335,7 +336,10 @@ def _launch_shapes():
     from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.runtime.autotune import GROUPS, candidates
     every = tuple(c for group in GROUPS for c in candidates(group))
-    return list(dict.fromkeys(every + (LaunchConfig(4, 10), LaunchConfig(8, 16))))
+    # (and the write records in registers with eager records, and 2-row chunks at 10 rows per warp)
+    extra = (LaunchConfig(4, 10), LaunchConfig(8, 16), LaunchConfig(4, 4, eager_records=True, register_writes=True),
+             LaunchConfig(4, 10, register_writes=True))
+    return list(dict.fromkeys(every + extra))
 
 
 def steps_verifies_and_flush(twin):
@@ -360,13 +364,16 @@ def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
     steps_verifies_and_flush(twin)
 
 
+@pytest.mark.parametrize("register_writes", [False, True], ids=["staged", "register-writes"])
 @pytest.mark.parametrize("name", ["gdn", "mamba2"])
-def test_gpu_more_write_chunks_per_record_than_threads_gives_the_oracle(name):
+def test_gpu_more_write_chunks_per_record_than_threads_gives_the_oracle(name, register_writes):
     """One warp of 40 rows at V = 65 (1-float chunks, a partial tile): a write record has more chunks
-    than the CTA has threads, so ``stage_writes`` gives each thread several chunks of every record."""
+    than the CTA has threads, so ``stage_writes`` gives each thread several chunks of every record
+    (with ``register_writes`` the replay step loads them one float at a time into registers instead)."""
     from replayssm_dsl.lowering.launch import LaunchConfig
     twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 65, 64), ReplayConfig(window=4, max_drafts=3),
-                      np.random.default_rng(22), slots=3, tol=FP32_TOL, launch=LaunchConfig(1, 40))
+                      np.random.default_rng(22), slots=3, tol=FP32_TOL,
+                      launch=LaunchConfig(1, 40, register_writes=register_writes))
     steps_verifies_and_flush(twin)
 
 

@@ -29,3 +29,15 @@ def test_shared_rows_hold_more_rows_per_sm_where_shared_memory_allows():
     assert all(row["resources"].clean for row in qwen.values())
     (kimi,) = script.report("kimi-linear", ["4x16/r96/s8"])
     assert kimi["limits"]["shared"] == 4 < kimi["limits"]["registers"] and kimi["rows_per_sm"] == 256
+
+
+@pytest.mark.nvrtc
+def test_write_records_in_registers_leave_kda_room_for_more_rows():
+    """KDA's records fill shared memory: with its write records in registers (``/w``) 8x16/r80/s10 holds
+    3 CTAs per SM (384 rows) against 2 with them staged, and builds clean."""
+    script = load_script("rows_in_flight")
+    rows = {row["launch"]: row for row in script.report("kimi-linear", ["8x16/r80/s10", "8x16/r80/s10/w"])}
+    staged, in_registers = rows["8x16/r80/s10"], rows["8x16/r80/s10/w"]
+    assert staged["rows_per_sm"] == 256 and in_registers["rows_per_sm"] == 384
+    assert in_registers["resources"].shared_bytes < staged["resources"].shared_bytes
+    assert in_registers["resources"].clean

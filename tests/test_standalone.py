@@ -69,7 +69,7 @@ def test_launchers_allow_the_shared_rows_dynamic_shared_memory(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("label", ["4x4", "8x16/r80/s8"])
+@pytest.mark.parametrize("label", ["4x4", "8x16/r80/s8", "4x16/r96/s8/w"])
 def test_library_through_ctypes_matches_the_python_runtime(tmp_path, label):
     """The replay step through the library equals the Python runtime's (at a launch with shared rows
     too: dynamic shared memory, allowed by the launcher)."""

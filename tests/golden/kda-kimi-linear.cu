@@ -351,6 +351,34 @@ __device__ __forceinline__ void load_record_rows(float (&wv)[RPW], const float* 
     }
 }
 
+// The replay step's write records straight into registers, without shared memory: lane i < count of a
+// warp loads record i's writes at the warp's RPW rows (W_VEC rows per load: a warp's rows are
+// contiguous, so lane i reads RPW·4 contiguous bytes of record i); rows past V and lanes past the
+// records hold zeros. Issued as soon as the fill is known, the loads fly during the head-level work.
+__device__ __forceinline__ void load_record_rows_global(float (&wv)[RPW], const float* __restrict__ head_writes,
+                                                        int v0, int warp, int lane, int count) {
+    static_assert(RPW % W_VEC == 0 && V % W_VEC == 0, "load_record_rows_global: W_VEC must divide the rows and V");
+    const int first = v0 + warp * RPW;
+    const float* w = head_writes + (size_t)lane * V + first;
+#pragma unroll
+    for (int r = 0; r < RPW; r += W_VEC) {
+        if (lane < count && first + r < V) {  // V % W_VEC == 0: a chunk is all below V or all past it
+            if constexpr (W_VEC == 4) {
+                const float4 x = *reinterpret_cast<const float4*>(w + r);
+                wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
+            } else if constexpr (W_VEC == 2) {
+                const float2 x = *reinterpret_cast<const float2*>(w + r);
+                wv[r] = x.x; wv[r + 1] = x.y;
+            } else {
+                wv[r] = w[r];
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < W_VEC; ++u) wv[r + u] = 0.f;
+        }
+    }
+}
+
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float logsigmoid_f(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
