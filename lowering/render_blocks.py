@@ -422,11 +422,15 @@ CHECKPOINT_ROW = "checkpoint + (((size_t){page} * HV + hv) * V + row) * K"
 STATE_ROW = "state + (((size_t){page} * HV + hv) * V + row) * K"
 
 
+DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[];  // dynamic_shared_bytes"
+
+
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
-                 shared_writes: bool = True) -> list[str]:
+                 writes: str = "static") -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
-    drafts (verify on tensor cores rewrites them as fragments of that many columns); ``shared_writes``
-    False: no ``sh_w`` (the write records go straight into registers)."""
+    drafts (verify on tensor cores rewrites them as fragments of that many columns); ``writes``: the
+    write records ``sh_w`` in static shared memory, in ``dynamic`` shared memory (which lets the
+    static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers)."""
     tn = "TMAX" if drafts else "1"
     tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
@@ -434,8 +438,10 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
              f"__shared__ __align__(16) float sh_q[{tn} * K];",
              f"__shared__ float sh_beta[{tn}];"]
     if replay:
-        lines += ["__shared__ __align__(16) float sh_w[NREC * W_PITCH];" if shared_writes else "",
-                  f"__shared__ __align__(16) float sh_qd[{tq} * K];",
+        lines += {"static": ["__shared__ __align__(16) float sh_w[NREC * W_PITCH];"],
+                  "dynamic": [DYNAMIC_SHARED, "float* const sh_w = reinterpret_cast<float*>(dynamic_shared);  // [NREC, W_PITCH]"],
+                  "none": []}[writes]
+        lines += [f"__shared__ __align__(16) float sh_qd[{tq} * K];",
                   f"__shared__ __align__(16) float sh_kd[{tq} * K];",
                   f"__shared__ float sh_sq[{tn} * NREC];"]
         if decl.is_delta:  # the scores against the token's key: only the delta rule's correction reads them

@@ -22,7 +22,7 @@ from pathlib import Path
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced
+from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced, write_record_layout
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
                             load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
@@ -157,15 +157,6 @@ def render_kernel(kernel: Kernel, program: Program, launch: LaunchConfig) -> str
     plan = "\n".join("// " + line for line in kernel.pretty().splitlines())
     return (f"{plan}\nextern \"C\" __global__ void {bounds} {kernel.name}(\n    {args})\n{{\n"
             + "\n".join("    " + line for line in body) + "\n}\n")
-
-
-def write_record_layout(rows_per_warp: int, rows_per_cta: int, v_dim: int) -> tuple[int, int]:
-    """The write records in shared memory: rows per copy and per load (4, 2 or 1: the widest that
-    divides a warp's rows and V, so chunks stay aligned and never straddle V), and the floats from one
-    record to the next: the CTA's rows plus one or two chunks, so that the pitch in chunks is odd and a
-    warp's loads (a record per lane, a chunk each) fall in distinct banks."""
-    vec = next(w for w in (4, 2, 1) if rows_per_warp % w == 0 and v_dim % w == 0)
-    return vec, rows_per_cta + (vec if (rows_per_cta // vec) % 2 == 0 else 2 * vec)
 
 
 def _constants(program: Program, launch: LaunchConfig) -> list[str]:

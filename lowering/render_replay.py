@@ -14,10 +14,10 @@ from replayssm_dsl.config import STATE_DTYPES
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import LaunchConfig
+from .launch import LaunchConfig, write_record_layout
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
+from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, load_records, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
@@ -173,6 +173,19 @@ def _writes_in_registers(f: Facts, launch: LaunchConfig) -> bool:
     return launch.register_writes and f.family == "replay" and not f.drafts
 
 
+def _writes_in_dynamic_shared(f: Facts) -> bool:
+    """Whether the kernel of ``f`` keeps its write records in dynamic shared memory: verify, whose
+    static arrays and write records pass the 48 KiB a kernel's static shared memory may take at
+    128-row CTAs for KDA (the decay vectors' records), so that one CTA can take a whole head there."""
+    return f.family == "replay" and f.drafts
+
+
+def _write_records_bytes(program: Program, launch: LaunchConfig) -> int:
+    """Bytes of the write records in shared memory: NREC records, W_PITCH floats apart."""
+    _, pitch = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, program.shape.v_dim)
+    return (program.config.capacity + 1) * pitch * 4
+
+
 def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
     """Why ``launch.shared_rows`` cannot serve ``program`` (None when it can, or is 0): the bulk copies
     move whole 16-byte units, so a state row must be a multiple of 16 bytes."""
@@ -187,10 +200,14 @@ def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
 
 def dynamic_shared_bytes(kernel: Kernel, program: Program, launch: LaunchConfig) -> int:
     """Bytes of dynamic shared memory ``kernel`` launches with: the replay step's shared rows
-    (WARPS · SRPW rows of K state elements), 0 for every other kernel and launch."""
-    if not _takes_shared_rows(facts(kernel), launch):
-        return 0
-    return launch.warps * launch.shared_rows * _state_row_bytes(program)
+    (WARPS · SRPW rows of K state elements), verify's write records (NREC · W_PITCH floats), 0 for
+    every other kernel."""
+    f = facts(kernel)
+    if _takes_shared_rows(f, launch):
+        return launch.warps * launch.shared_rows * _state_row_bytes(program)
+    if _writes_in_dynamic_shared(f):
+        return _write_records_bytes(program, launch)
+    return 0
 
 
 def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
@@ -202,11 +219,12 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if refusal:
         raise LoweringError(refusal)
     writes_in_registers = _writes_in_registers(f, launch)
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts,
-                                 shared_writes=not writes_in_registers)
+    writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
+    assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
-        body += ["extern __shared__ __align__(128) unsigned char replay_shared_rows[];",
-                 "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(replay_shared_rows);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
+        body += [DYNAMIC_SHARED,
+                 "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(dynamic_shared);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads

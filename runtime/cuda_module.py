@@ -59,7 +59,7 @@ class CompiledProgram:
         self.hash = source_hash(self.source)
         self._module = None
         self._kernels = {}
-        # bytes of dynamic shared memory each kernel launches with (the replay step's shared rows)
+        # bytes of dynamic shared memory each kernel launches with (the replay step's shared rows, verify's write records)
         self.dynamic_shared = {name: dynamic_shared_bytes(program.kernel(name), program, self.launch)
                                for name in self.kernel_names}
         self.dumped = self._dump()

@@ -134,17 +134,18 @@ def test_each_family_compiles_as_its_own_module(program):
 
 
 @pytest.mark.nvrtc
-def test_a_shape_too_large_for_verify_still_serves_the_replay_group():
-    """KDA at 8x16: verify needs more than 48 KiB of static shared memory, the replay group's module
-    builds clean, so the replay group may take the shape."""
+def test_a_shape_whose_verify_spills_still_serves_the_replay_group():
+    """KDA at 8x20: verify spills, the replay group's module builds clean, so the replay group may take
+    the shape (each group's kernels compile as a module of their own and the tuner skips a shape only
+    for the group whose kernels spill or do not fit)."""
     from replayssm_dsl.lowering.render_cuda import render_program
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     program = lower(variants.get("kda"), PRESETS["kimi-linear"].shape, ReplayConfig())
-    launch = LaunchConfig(8, 16)
-    result = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")))
-    assert result.resources["replay_step"].clean, result.resources["replay_step"]
-    with pytest.raises(RuntimeError, match="too much shared data"):
-        compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "verify")))
+    launch = LaunchConfig(8, 20)
+    replay = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")))
+    assert all(res.clean for res in replay.resources.values()), replay.resources
+    verify = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "verify")))
+    assert not verify.resources["verify"].clean, verify.resources["verify"]
 
 
 def test_verify_rows_per_pass():

@@ -240,7 +240,7 @@ def test_more_write_chunks_per_record_than_threads_compile(variant, v_dim, launc
     """Past 32·W_VEC rows per warp a write record has more chunks than the CTA has threads
     (``stage_writes`` then gives each thread several chunks of every record): such launches, far from
     any the tuner times, still build (spills allowed)."""
-    from replayssm_dsl.lowering.render_cuda import write_record_layout
+    from replayssm_dsl.lowering.launch import write_record_layout
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     shape = ModelShape(4, 2, v_dim, 64)
     w_vec, _ = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, v_dim)

@@ -1,4 +1,4 @@
-"""The write records' shared-memory layout (``render_cuda.write_record_layout``), without a GPU: for
+"""The write records' shared-memory layout (``launch.write_record_layout``), without a GPU: for
 every launch shape the autotuner may pick and every built-in shape, a chunk divides the warp's rows,
 the CTA's rows and V (so copies stay aligned and never straddle V), and a warp's loads of the records,
 a record per lane and a chunk per load, fall in distinct shared-memory banks in each of the hardware's
@@ -11,7 +11,7 @@ import pytest
 
 from replayssm_dsl import ModelShape
 from replayssm_dsl.config import PRESETS
-from replayssm_dsl.lowering.render_cuda import write_record_layout
+from replayssm_dsl.lowering.launch import write_record_layout
 from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
 
 # V = 66 and 63 take 2- and 1-float chunks at every launch shape

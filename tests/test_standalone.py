@@ -50,21 +50,28 @@ def test_export_builds_a_shared_library_with_nvcc(tmp_path):
         assert f"replayssm_mamba2_{kernel.name}" in symbols
 
 
-def test_launchers_allow_the_shared_rows_dynamic_shared_memory(tmp_path):
+def test_launchers_allow_the_kernels_dynamic_shared_memory(tmp_path):
     """A launch with shared rows gives the replay step dynamic shared memory (WARPS · SRPW · K state
-    elements): its launcher allows that much before the launch and passes it, and the manifest says
-    so; every other kernel, and every kernel of a launch without shared rows, launches with none."""
+    elements), and verify always keeps its write records there (NREC · W_PITCH floats): each launcher
+    allows that much before the launch and passes it, and the manifest says so; every other kernel,
+    and the replay step of a launch without shared rows, launches with none."""
+    from replayssm_dsl.lowering.launch import write_record_layout
     program = lower(variants.get("gdn"), PRESETS["qwen3.5-4b"].shape, ReplayConfig())
     for launch, step_bytes in ((LaunchConfig(4, 16, max_registers=96, shared_rows=8), 4 * 8 * 128 * 4), (LaunchConfig(8, 8), 0)):
         source, _, meta = write_standalone(program, tmp_path / launch.label.replace("/", "-"), launch)
         manifest = json.loads(meta.read_text())
+        verify_bytes = (ReplayConfig().capacity + 1) * write_record_layout(launch.rows_per_warp, launch.rows_per_cta, 128)[1] * 4
         shared = {k["name"]: k["dynamic_shared_bytes"] for k in manifest["kernels"]}
-        assert shared == {k.name: step_bytes if k.name == "replay_step" else 0 for k in program.kernels}
+        want = {"replay_step": step_bytes, "verify": verify_bytes}
+        assert shared == {k.name: want.get(k.name, 0) for k in program.kernels}
         assert manifest["launch"]["label"] == launch.label
         text = source.read_text()
-        allowed = f"cudaFuncSetAttribute(replay_step, cudaFuncAttributeMaxDynamicSharedMemorySize, {step_bytes});"
-        assert (allowed in text) == bool(step_bytes) and text.count("cudaFuncSetAttribute(") == int(bool(step_bytes))
+        for name, size in want.items():
+            allowed = f"cudaFuncSetAttribute({name}, cudaFuncAttributeMaxDynamicSharedMemorySize, {size});"
+            assert (allowed in text) == bool(size), name
+        assert text.count("cudaFuncSetAttribute(") == sum(1 for size in want.values() if size)
         assert f"replay_step<<<dim3({-(-128 // launch.rows_per_cta)}, 32, rows), dim3({launch.threads}), {step_bytes}, stream>>>" in text
+        assert f"verify<<<dim3({-(-128 // launch.rows_per_cta)}, 32, rows), dim3({launch.threads}), {verify_bytes}, stream>>>" in text
 
 
 @pytest.mark.gpu

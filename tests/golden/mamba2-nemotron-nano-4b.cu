@@ -1189,7 +1189,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_q[TMAX * K];
     __shared__ float sh_beta[TMAX];
-    __shared__ __align__(16) float sh_w[NREC * W_PITCH];
+    extern __shared__ __align__(128) unsigned char dynamic_shared[];  // dynamic_shared_bytes
+    float* const sh_w = reinterpret_cast<float*>(dynamic_shared);  // [NREC, W_PITCH]
     __shared__ __align__(16) float sh_qd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ __align__(16) float sh_kd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ float sh_sq[TMAX * NREC];
