@@ -326,6 +326,20 @@ __device__ __forceinline__ void stage_writes(float* __restrict__ sh_w, const flo
     }
 }
 
+// W_VEC consecutive write records' floats at w (shared or global memory, aligned to W_VEC floats) into
+// wv[r], ..., wv[r + W_VEC - 1]: one 16-, 8- or 4-byte load.
+__device__ __forceinline__ void load_write_chunk(float (&wv)[RPW], int r, const float* __restrict__ w) {
+    if constexpr (W_VEC == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(w);
+        wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
+    } else if constexpr (W_VEC == 2) {
+        const float2 x = *reinterpret_cast<const float2*>(w);
+        wv[r] = x.x; wv[r + 1] = x.y;
+    } else {
+        wv[r] = *w;
+    }
+}
+
 // Lane i < n of a warp takes record i's writes at the warp's RPW rows (W_VEC per shared load; W_PITCH
 // makes a warp's loads conflict-free); lanes past the records take zeros.
 __device__ __forceinline__ void load_record_rows(float (&wv)[RPW], const float* __restrict__ sh_w, int warp,
@@ -338,17 +352,7 @@ __device__ __forceinline__ void load_record_rows(float (&wv)[RPW], const float* 
     }
     const float* w = sh_w + lane * W_PITCH + warp * RPW;
 #pragma unroll
-    for (int r = 0; r < RPW; r += W_VEC) {
-        if constexpr (W_VEC == 4) {
-            const float4 x = *reinterpret_cast<const float4*>(w + r);
-            wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
-        } else if constexpr (W_VEC == 2) {
-            const float2 x = *reinterpret_cast<const float2*>(w + r);
-            wv[r] = x.x; wv[r + 1] = x.y;
-        } else {
-            wv[r] = w[r];
-        }
-    }
+    for (int r = 0; r < RPW; r += W_VEC) load_write_chunk(wv, r, w + r);
 }
 
 // The replay step's write records straight into registers, without shared memory: lane i < count of a
@@ -363,15 +367,7 @@ __device__ __forceinline__ void load_record_rows_global(float (&wv)[RPW], const 
 #pragma unroll
     for (int r = 0; r < RPW; r += W_VEC) {
         if (lane < count && first + r < V) {  // V % W_VEC == 0: a chunk is all below V or all past it
-            if constexpr (W_VEC == 4) {
-                const float4 x = *reinterpret_cast<const float4*>(w + r);
-                wv[r] = x.x; wv[r + 1] = x.y; wv[r + 2] = x.z; wv[r + 3] = x.w;
-            } else if constexpr (W_VEC == 2) {
-                const float2 x = *reinterpret_cast<const float2*>(w + r);
-                wv[r] = x.x; wv[r + 1] = x.y;
-            } else {
-                wv[r] = w[r];
-            }
+            load_write_chunk(wv, r, w + r);
         } else {
 #pragma unroll
             for (int u = 0; u < W_VEC; ++u) wv[r + u] = 0.f;
