@@ -124,10 +124,11 @@ def rows_reduced(rows: int, delta: bool) -> int:
 
 
 def write_record_layout(rows_per_warp: int, rows_per_cta: int, v_dim: int) -> tuple[int, int]:
-    """The write records in shared memory: rows per copy and per load (4, 2 or 1: the widest that
-    divides a warp's rows and V, so chunks stay aligned and never straddle V), and the floats from one
-    record to the next: the CTA's rows plus one or two chunks, so that the pitch in chunks is odd and a
-    warp's loads (a record per lane, a chunk each) fall in distinct banks."""
+    """The write records' layout: rows per copy and per load (4, 2 or 1: the widest that divides a
+    warp's rows and V, so chunks stay aligned and never straddle V; also the width of the replay
+    step's loads from global memory at ``/w``), and the floats from one record to the next in shared
+    memory: the CTA's rows plus one or two chunks, so that the pitch in chunks is odd and a warp's
+    loads (a record per lane, a chunk each) fall in distinct banks."""
     vec = next(w for w in (4, 2, 1) if rows_per_warp % w == 0 and v_dim % w == 0)
     return vec, rows_per_cta + (vec if (rows_per_cta // vec) % 2 == 0 else 2 * vec)
 
