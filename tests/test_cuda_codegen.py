@@ -220,6 +220,27 @@ def test_dump_directory_receives_the_source(tmp_path, monkeypatch):
     assert compiled.dumped.name.startswith("gla-") and compiled.hash.startswith(compiled.dumped.stem.split("-")[1])
 
 
+@pytest.mark.parametrize("label", ["4x4", "8x16", "8x16/r80/s10/w", "4x16/r96/s8"])
+@pytest.mark.parametrize("variant,shape", [("kda", "kimi-linear"), ("mamba2", "nemotron-nano-4b")])
+def test_every_kernel_that_declares_dynamic_shared_memory_launches_with_it(variant, shape, label):
+    """The runtime's bytes of dynamic shared memory per kernel (``CompiledProgram.dynamic_shared``)
+    are nonzero exactly where the kernel's source declares it: verify (its write records, NREC ·
+    W_PITCH floats) at every launch, the replay step (WARPS · SRPW · K state elements) at shared-row
+    launches; no GPU needed."""
+    from replayssm_dsl.lowering.launch import write_record_layout
+    from replayssm_dsl.lowering.render_cuda import render_kernel
+    from replayssm_dsl.runtime.cuda_module import CompiledProgram
+    program, launch = lower(variants.get(variant), SHAPES[shape], ReplayConfig()), LaunchConfig.from_label(label)
+    compiled = CompiledProgram(program, launch)
+    pitch = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, program.shape.v_dim)[1]
+    want = {"verify": (program.config.capacity + 1) * pitch * 4,
+            "replay_step": launch.warps * launch.shared_rows * program.shape.k_dim * 4}
+    for kernel in program.kernels:
+        declares = "extern __shared__" in render_kernel(kernel, program, launch)
+        assert compiled.dynamic_shared[kernel.name] == want.get(kernel.name, 0), kernel.name
+        assert declares == bool(compiled.dynamic_shared[kernel.name]), kernel.name
+
+
 @pytest.mark.nvrtc
 def test_emitted_per_kernel_sources_each_compile_alone(tmp_path):
     from replayssm_dsl.runtime.cli import main
