@@ -157,10 +157,16 @@ def _state_row_bytes(program: Program) -> int:
     return program.shape.k_dim * STATE_DTYPES[program.config.state_dtype]
 
 
+def _is_replay_step(f: Facts) -> bool:
+    """Whether ``f`` is the replay step's (one token), not verify's (drafts): the launch options for
+    the step's rows and records change it alone."""
+    return f.family == "replay" and not f.drafts
+
+
 def _takes_shared_rows(f: Facts, launch: LaunchConfig) -> bool:
     """Whether the kernel of ``f`` keeps rows in shared memory at ``launch``: the replay step (verify
     keeps every row in registers)."""
-    return bool(launch.shared_rows) and f.family == "replay" and not f.drafts
+    return bool(launch.shared_rows) and _is_replay_step(f)
 
 
 def _writes_in_registers(f: Facts, launch: LaunchConfig) -> bool:
@@ -170,14 +176,14 @@ def _writes_in_registers(f: Facts, launch: LaunchConfig) -> bool:
     gather them from shared memory). Frees NREC · W_PITCH floats of shared memory per CTA (KDA's
     records fill it) for more CTAs or shared rows per SM, at the cost of RPW registers held through
     the head-level work."""
-    return launch.register_writes and f.family == "replay" and not f.drafts
+    return launch.register_writes and _is_replay_step(f)
 
 
 def _writes_in_dynamic_shared(f: Facts) -> bool:
     """Whether the kernel of ``f`` keeps its write records in dynamic shared memory: verify, whose
     static arrays and write records pass the 48 KiB a kernel's static shared memory may take at
     128-row CTAs for KDA (the decay vectors' records), so that one CTA can take a whole head there."""
-    return f.family == "replay" and f.drafts
+    return f.family == "replay" and not _is_replay_step(f)
 
 
 def _write_records_bytes(program: Program, launch: LaunchConfig) -> int:
