@@ -40,7 +40,7 @@ CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), Launch
               # 2 per SM; and 16-warp CTAs of 64 rows under a 64-register cap, 2 per SM (32 warps)
               LaunchConfig(8, 16), LaunchConfig(16, 8, max_registers=64), LaunchConfig(16, 4, max_registers=64))
 # Options that change one group's kernels only, tried in that group alone: eager records (the replay
-# step, small batches), shared rows (the replay step) and verify's rows in one pass through the drafts, or in passes of 4 rows (each
+# step, small batches), shared rows and write records in registers (the replay step) and verify's rows in one pass through the drafts, or in passes of 4 rows (each
 # timed only where it builds clean, and only where verify's rows run on SIMT lanes, see
 # ``tensor_core_verify``).
 GROUP_EXTRAS = {
@@ -133,7 +133,8 @@ after the cumulate's barrier; 5: it reads the fill with the atomic that counts i
 delta rule its scores against the token's key are gone; 7: the write records lie W_VEC rows wide; 8:
 verify may take 8x8/r64 with 4 rows per pass; 9: with a decay vector, verify scores 4 records per
 trip where no register cap applies; 10: the replay step may keep rows in shared memory; 11: in
-dynamic shared memory, past 48 KiB in all)."""
+dynamic shared memory, past 48 KiB in all; 12: the replay step may load its write records into
+registers; 13: verify keeps its write records in dynamic shared memory)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
