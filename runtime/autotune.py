@@ -55,11 +55,13 @@ GROUP_EXTRAS = {
                LaunchConfig(8, 16, max_registers=80, shared_rows=10), LaunchConfig(8, 16, max_registers=80, shared_rows=8),
                LaunchConfig(8, 12, max_registers=80, shared_rows=4),
                # the write records in registers, not shared memory (KDA: 384 rows at 8x16/r80/s10/w, 3 CTAs
-               # where its records leave room for 2 with the writes staged; 320 at 4x16/r96/s8/w)
+               # where its records leave room for 2 with the writes staged; 320 at 4x16/r96/s8/w); /s11 the
+               # same 384 rows with one register row fewer per warp
                LaunchConfig(8, 16, max_registers=80, shared_rows=10, register_writes=True),
+               LaunchConfig(8, 16, max_registers=80, shared_rows=11, register_writes=True),
                LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
-               LaunchConfig(4, 16, verify_rows_per_pass=16),
+               LaunchConfig(4, 16, verify_rows_per_pass=16), LaunchConfig(8, 16, verify_rows_per_pass=16),
                # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
                # qwen3.5-4b (so the tuner skips it); 4 build clean for super and the two GDN shapes (nano's
                # spill 4 B, KDA's 16 B: skipped there); verify of T <= 2 had picked 8x8/r64
@@ -124,7 +126,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 13
+TUNING_VERSION = 14
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -134,7 +136,8 @@ delta rule its scores against the token's key are gone; 7: the write records lie
 verify may take 8x8/r64 with 4 rows per pass; 9: with a decay vector, verify scores 4 records per
 trip where no register cap applies; 10: the replay step may keep rows in shared memory; 11: in
 dynamic shared memory, past 48 KiB in all; 12: the replay step may load its write records into
-registers; 13: verify keeps its write records in dynamic shared memory)."""
+registers; 13: verify keeps its write records in dynamic shared memory; 14: two more options,
+``8x16/r80/s11/w`` for the replay step and ``8x16/p16`` for verify)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
