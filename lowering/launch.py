@@ -133,6 +133,9 @@ def write_record_layout(rows_per_warp: int, rows_per_cta: int, v_dim: int) -> tu
     return vec, rows_per_cta + (vec if (rows_per_cta // vec) % 2 == 0 else 2 * vec)
 
 
+INPUT_C_TYPES = {"float32": "const float*", "bfloat16": "const unsigned short*"}  # bf16: raw bits
+
+
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     """``(C type, name)`` of every kernel argument, in order; the runtime passes them in this order."""
     st = "STATE_T*"
@@ -141,7 +144,7 @@ def kernel_arguments(program: Program) -> list[tuple[str, str]]:
             ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
             ("const int*", "drafts"), ("const int*", "accepted")]
     for spec in program.declaration.inputs:
-        args.append(("const float*", ("tok_" if spec.kind == "token" else "par_") + spec.name))
+        args.append((INPUT_C_TYPES[spec.dtype], ("tok_" if spec.kind == "token" else "par_") + spec.name))
     args += [("float*", "out"), ("int", "rows"), ("int", "t_tok"), ("int", "num_slots"), ("int", "num_pages")]
     return args
 

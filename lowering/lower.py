@@ -59,7 +59,7 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
         heads = "HV" if spec.level == "head" else "H"
         tail = (spec.size,) if spec.size else ()
         if spec.kind == "token":
-            bufs.append(Buffer(spec.name, "token", "float32", ("B", "T", heads) + tail, spec.doc))
+            bufs.append(Buffer(spec.name, "token", spec.dtype, ("B", "T", heads) + tail, spec.doc))
         else:
             bufs.append(Buffer(spec.name, "param", "float32", (heads,) + tail, spec.doc))
     bufs.append(Buffer("out", "output", "float32", ("B", "T", "HV", "V"), "outputs o"))

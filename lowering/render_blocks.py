@@ -78,18 +78,19 @@ def token_prefetch(decl, drafts: bool) -> list[str]:
     lines = []
     for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
         heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+        per_line = 64 if spec.dtype == "bfloat16" else 32  # elements per 128-byte line
         if not drafts:
             row, line, live = f"((size_t)b * t_tok * {heads} + {head})", "lane", "lane == 0"  # token j = 0
         elif spec.size == "":  # one line per draft
             row, line, live = f"((size_t)(b * t_tok + lane) * {heads} + {head})", "", "lane < t_tok"
         else:
-            per_draft = {"K": "((K + 31) / 32)", "V": "((BV + 31) / 32)"}[spec.size]  # lines per draft
+            per_draft = {"K": f"((K + {per_line - 1}) / {per_line})", "V": f"((BV + {per_line - 1}) / {per_line})"}[spec.size]
             row = f"((size_t)(b * t_tok + lane / {per_draft}) * {heads} + {head})"  # as ExprRenderer indexes token j
             line, live = f"(lane % {per_draft})", f"lane < t_tok * {per_draft}"
         if spec.size == "K":
-            start, lanes = f"{row} * K + {line} * 32", f"{line} * 32 < K"
+            start, lanes = f"{row} * K + {line} * {per_line}", f"{line} * {per_line} < K"
         elif spec.size == "V":  # the CTA's rows
-            start, lanes = f"{row} * V + v0 + {line} * 32", f"{line} * 32 < min(BV, V - v0)"
+            start, lanes = f"{row} * V + v0 + {line} * {per_line}", f"{line} * {per_line} < min(BV, V - v0)"
         else:
             start, lanes = row, live
         if drafts and spec.size:

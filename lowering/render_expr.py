@@ -6,7 +6,7 @@ Three contexts, by what one warp holds while it evaluates:
 - ``""``: scalars per head.
 A scalar node renders as ``float``; a K-vector node as ``float x[KE]``. ``L2NORM`` over K reduces
 with ``warp_sum``. Inputs read the token buffers ``[B, T, heads(, size)]`` at token ``j`` and the
-parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``. A ``hoisted``
+parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``; a bf16 token input is widened as it is read (``bf16_bits_to_f32``). A ``hoisted``
 K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``).
 """
 
@@ -38,7 +38,8 @@ def input_load(spec, index: str, token: str = "j") -> str:
         base, buf = f"((size_t)(b * t_tok + {token}) * {heads} + {head})", f"tok_{spec.name}"
     else:
         base, buf = f"(size_t){head}", f"par_{spec.name}"
-    return f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {spec.size} + {index}]"
+    element = f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {spec.size} + {index}]"
+    return f"bf16_bits_to_f32({element})" if spec.dtype == "bfloat16" else element
 
 
 class ExprRenderer:

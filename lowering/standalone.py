@@ -57,7 +57,8 @@ def _doc(program: Program, name: str) -> tuple[str, str, str]:
     spec = program.declaration.input(name[4:])
     kind = "token input" if spec.kind == "token" else "parameter"
     shape = spec.shape_text(verify=True).replace("B, T", "B, t_tok") if spec.kind == "token" else spec.shape_text()
-    return "float", shape, f"{kind} {spec.name!r}"
+    dtype = "bf16 (raw bits)" if spec.dtype == "bfloat16" else "float"
+    return dtype, shape, f"{kind} {spec.name!r}"
 
 
 def render_header(program: Program, launch: LaunchConfig) -> str:

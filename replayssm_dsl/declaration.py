@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import keyword
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import DeclarationError
 from .expr import Expr, as_expr, render_text
 
 PER = {"head": "head", "group": "group"}
+TOKEN_DTYPES = ("float32", "bfloat16")  # how a token input arrives; parameters are float32
 SIZES = {None: "", "": "", "K": "K", "V": "V"}
 RESERVED: set[str] = set()  # rendered code prefixes every input name, so none is reserved
 
@@ -49,6 +50,7 @@ class InputSpec:
     size: str  # "" | "K" | "V"
     sign: str = "any"  # "nonpositive" | "nonnegative" | "any" (checked at run time)
     doc: str = ""
+    dtype: str = "float32"  # token inputs: "float32" or "bfloat16" (the kernels read it as it arrives)
 
     @property
     def node(self) -> Expr:
@@ -144,17 +146,37 @@ class Declaration:
         lines = [f"recurrence {self.name}" + (f"  # {self.doc}" if self.doc else "")]
         for spec in self.inputs:
             sign = f" ({spec.sign})" if spec.sign != "any" else ""
-            lines.append(f"  {spec.kind:<5} {spec.name:<8} {spec.shape_text()}{sign}")
+            dtype = f" {spec.dtype}" if spec.dtype != "float32" else ""
+            lines.append(f"  {spec.kind:<5} {spec.name:<8} {spec.shape_text()}{dtype}{sign}")
         lines.append(f"  decay form: {self.decay_form}; write: {'delta rule' if self.is_delta else 'plain'}; "
                      f"keys stored per {'key head' if self.key_level == 'group' else 'value head'}")
         for role, node in self.expressions().items():
             lines.append(f"  {role:<8} = {render_text(node)}")
         return "\n".join(lines)
 
+    def with_token_dtype(self, dtype: str, names=None) -> "Declaration":
+        """The same recurrence with token inputs ``names`` (default: every token input) arriving as
+        ``dtype`` (``TOKEN_DTYPES``): an engine whose activations are bf16 passes them as they are, and
+        the kernels widen each element to float32 as they read it."""
+        _check_token_dtype(f"with_token_dtype: dtype", dtype)
+        tokens = {spec.name for spec in self.inputs if spec.kind == "token"}
+        chosen = tokens if names is None else set(names)
+        unknown = sorted(chosen - tokens)
+        if unknown:
+            raise DeclarationError(f"with_token_dtype: names {unknown} are not token inputs of {self.name!r}; "
+                                   f"token inputs: {sorted(tokens)}")
+        inputs = tuple(replace(spec, dtype=dtype) if spec.name in chosen else spec for spec in self.inputs)
+        return replace(self, inputs=inputs)
+
     @property
     def fingerprint(self) -> str:
         """sha256 of the declaration's canonical text: the same declaration, the same kernels."""
         return hashlib.sha256(self.describe().encode()).hexdigest()[:16]
+
+
+def _check_token_dtype(what: str, dtype) -> None:
+    if not isinstance(dtype, str) or dtype not in TOKEN_DTYPES:
+        raise DeclarationError(f"{what}={dtype!r}; use one of {', '.join(TOKEN_DTYPES)}")
 
 
 class Recurrence:
@@ -168,7 +190,7 @@ class Recurrence:
         self.K = Expr.make("DIM", (), "K", axis="", level="shared")
         self.V = Expr.make("DIM", (), "V", axis="", level="shared")
 
-    def _declare(self, name: str, kind: str, per: str, size, sign: str, doc: str) -> Expr:
+    def _declare(self, name: str, kind: str, per: str, size, sign: str, doc: str, dtype: str = "float32") -> Expr:
         if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
             raise DeclarationError(f"{kind} {name!r}: not a usable name (need an identifier, not a keyword, "
                                    f"not starting with '_')")
@@ -181,16 +203,20 @@ class Recurrence:
             raise DeclarationError(f"{kind} {name!r}: size={size!r}; use None (scalar), 'K' or 'V'")
         if not isinstance(sign, str) or sign not in ("any", "nonpositive", "nonnegative"):
             raise DeclarationError(f"{kind} {name!r}: sign={sign!r}; use 'any', 'nonpositive' or 'nonnegative'")
-        spec = InputSpec(name, kind, PER[per], SIZES[size], sign, doc)
+        _check_token_dtype(f"{kind} {name!r}: dtype", dtype)
+        spec = InputSpec(name, kind, PER[per], SIZES[size], sign, doc, dtype)
         self._inputs[name] = spec
         return spec.node
 
-    def token(self, name: str, *, per: str = "head", size=None, sign: str = "any", doc: str = "") -> Expr:
+    def token(self, name: str, *, per: str = "head", size=None, sign: str = "any", doc: str = "",
+              dtype: str = "float32") -> Expr:
         """An input that arrives with every token, e.g. ``dt`` ``[B, HV]`` or ``k`` ``[B, H, K]``.
 
         A declared ``sign`` lets the decay's sign be proven; the CPU backend checks it on every call.
+        ``dtype``: how it arrives (``"float32"`` or ``"bfloat16"``); the kernels widen bf16 to float32
+        as they read it, and the backends round other floats to bf16 on entry.
         """
-        return self._declare(name, "token", per, size, sign, doc)
+        return self._declare(name, "token", per, size, sign, doc, dtype)
 
     def param(self, name: str, *, per: str = "head", size=None, sign: str = "any", doc: str = "") -> Expr:
         """A layer parameter, fixed across tokens (``A_log``, ``dt_bias``, ``D``); ``sign`` is checked at run time."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .bfloat16 import round_to_bfloat16
 from .config import ModelShape
 from .declaration import Declaration, InputSpec
 
@@ -33,8 +34,14 @@ def random_params(decl: Declaration, shape: ModelShape, rng: np.random.Generator
 
 
 def random_tokens(decl: Declaration, shape: ModelShape, rng: np.random.Generator, lead: tuple) -> dict[str, np.ndarray]:
-    """Token inputs with leading axes ``lead`` (``(T,)`` for one sequence, ``(B,)``, ``(B, T)``)."""
-    return {s.name: _draw(rng, s, input_shape(s, shape, lead)) for s in decl.inputs if s.kind == "token"}
+    """Token inputs with leading axes ``lead`` (``(T,)`` for one sequence, ``(B,)``, ``(B, T)``); those
+    declared bf16 hold bf16 values (float64 arrays), so an oracle sees exactly what the kernels read."""
+    tokens = {}
+    for s in decl.inputs:
+        if s.kind == "token":
+            value = _draw(rng, s, input_shape(s, shape, lead))
+            tokens[s.name] = round_to_bfloat16(value).astype(np.float64) if s.dtype == "bfloat16" else value
+    return tokens
 
 
 def random_state(shape: ModelShape, rng: np.random.Generator, lead: tuple = (), scale: float = 0.5) -> np.ndarray:

@@ -173,7 +173,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
 
     from replayssm_dsl.random_inputs import random_tokens
 
-    from .cuda_cache import CudaReplayCache
+    from .cuda_cache import CudaReplayCache, device_tokens
 
     timings = {}
     rng = np.random.default_rng(0)
@@ -185,7 +185,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
             continue  # the group's kernels do not build, or one of them spills
         cache.buffers["checkpoint"][...] = 0.01
         batch = mixed_steady_state(cache, rows)
-        toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
+        toks = device_tokens(cp, decl, {k: v[:, None] for k, v in random_tokens(decl, shape, rng, (rows,)).items()})
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         if group == "replay":
             stream, graphs = capture_graphs(cp, lambda i: cache.launch_step(batch, toks, out), 1)

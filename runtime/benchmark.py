@@ -114,9 +114,10 @@ def verify_inputs(cp, decl, shape, rng, batch: dict, t: int, sets: int = 1) -> t
     """Verify with ``t`` drafts as the benchmark times it: ``sets`` device token sets ``[rows, t, ...]``,
     the batch (device arrays of ``rows`` rows) with ``drafts`` = t and ``accepted`` = 0, so its commit
     leaves the fills where they are, and an output ``[rows, t, HV, V]``."""
+    from .cuda_cache import device_tokens
+
     rows = int(batch["slot"].shape[0])
-    tokens = [{k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows, t)).items()}
-              for _ in range(sets)]
+    tokens = [device_tokens(cp, decl, random_tokens(decl, shape, rng, (rows, t))) for _ in range(sets)]
     drafted = dict(batch, drafts=cp.full(rows, t, cp.int32), accepted=cp.zeros(rows, cp.int32))
     return tokens, drafted, cp.empty((rows, t, shape.heads, shape.v_dim), cp.float32)
 
@@ -274,7 +275,7 @@ def parse_kernels(text: str) -> tuple[str, ...]:
 
 def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> dict:  # noqa: C901 - one measurement
     from .autotune import VERIFY_FEW_DRAFTS, tune_step
-    from .cuda_cache import CudaReplayCache
+    from .cuda_cache import CudaReplayCache, device_tokens
 
     p = PRESETS[preset_name]
     decl, shape, config, rng, params = preset_setup(preset_name)
@@ -287,7 +288,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
     cache.buffers["rec_write"][...] = 0.01
     cache.buffers["rec_key"][...] = 0.05
     batch_dev = mixed_steady_state(cache, batch)
-    one = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch,)).items()}
+    one = [device_tokens(cp, decl, {k: v[:, None] for k, v in random_tokens(decl, shape, rng, (batch,)).items()})
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     prefix = {"replay": "", "verify": "ver ", "verify_few": f"ver{VERIFY_FEW_DRAFTS} ", "conventional": "conv "}
@@ -330,7 +331,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
         t = 8
         snaps = cp.empty((batch, t, HV, V, K), cp.float32)
         vb = dict(batch_dev, drafts=cp.full(batch, t, cp.int32))
-        stoks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (batch, t)).items()}
+        stoks = device_tokens(cp, decl, random_tokens(decl, shape, rng, (batch, t)))
         outt = cp.empty((batch, t, HV, V), cp.float32)
         stream, graphs = capture_graphs(cp, lambda i: cache._launch("snapshot_verify", batch, vb, stoks, out=outt,
                                                                     snapshots=snaps), 1)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from replayssm_dsl.bfloat16 import from_bfloat16_bits, round_to_bfloat16
 from replayssm_dsl.config import ModelShape, ReplayConfig
 from replayssm_dsl.declaration import Declaration
 from replayssm_dsl.errors import ConfigError, InputError
 
 from replayssm_dsl.lowering.lower import lower
 
-from .validation import check_accepted, check_array, check_drafts, check_pages, check_slots
+from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_accepted, check_array, check_drafts, check_pages,
+                         check_slots, dtype_name)
 
 
 class ReplayCacheBase:
@@ -73,11 +75,20 @@ class ReplayCacheBase:
         return out
 
     def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
+        """Checked tokens, ``[B, T, ...]``. A token declared bf16 may come as floats (rounded to bf16
+        here when on the host, by the backend when on the device) or as raw bf16 bits (``uint16``,
+        ``int16``); host ones leave as the float32 values of their bf16."""
         out = {}
         for spec in self._declared("token", tokens, verify=t is not None):
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
             shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
-            value = check_array(tokens[spec.name], f"tokens[{spec.name!r}]", shape, sign=spec.sign,
+            value, dtypes = tokens[spec.name], FLOAT_DTYPES
+            if spec.dtype == "bfloat16":
+                dtypes = FLOAT_DTYPES + BF16_BITS_DTYPES
+                if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
+                    value = (from_bfloat16_bits(value) if dtype_name(value) in BF16_BITS_DTYPES
+                             else round_to_bfloat16(value))
+            value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
                                 check_values=True)
             out[spec.name] = value if t is not None else value[:, None]
         return out

@@ -1,8 +1,9 @@
 """Runtime layer: the replay cache on the GPU (CuPy device buffers, generated kernels).
 
 Same API as ``CpuReplayCache`` (``cache_base.py``). Tokens and states may be CuPy arrays or torch
-tensors on the GPU (shared without copies through ``__cuda_array_interface__``), float32 and
-C-contiguous; host (NumPy) arrays are copied over. Slot and page arrays are checked on the host,
+tensors on the GPU (shared without copies through ``__cuda_array_interface__``), float32 (token
+inputs declared bf16: bf16 or its raw bits, see ``_device_token``) and C-contiguous; host (NumPy)
+arrays are copied over. Slot and page arrays are checked on the host,
 then copied to the device. For CUDA-graph capture, ``launch_step``/``launch_verify``/``launch_commit``
 take device-resident int32 batch arrays and do no host work at all.
 """
@@ -15,11 +16,27 @@ from replayssm_dsl.errors import InputError, LoweringError
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
 from replayssm_dsl.lowering.render_cuda import render_program
 
+from replayssm_dsl.bfloat16 import bfloat16_bits
+
 from .cache_base import ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
 from .cuda_module import CompiledProgram, _cupy
+from .validation import BF16_BITS_DTYPES, dtype_name
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
+
+
+def _bfloat16_bits(cp, values):
+    """float32 device values → raw bf16 bits, round-to-nearest-even (``bfloat16_bits`` on the device)."""
+    bits = cp.ascontiguousarray(values, dtype=cp.float32).view(cp.uint32)
+    return ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+
+def device_tokens(cp, decl, tokens: dict) -> dict:
+    """Host token arrays → device arrays in the dtype the kernels read (float32, or raw bf16 bits for
+    inputs declared bf16), so a captured graph launches the kernels alone (no conversion on the way)."""
+    return {name: cp.asarray(bfloat16_bits(value) if decl.input(name).dtype == "bfloat16"
+                             else np.asarray(value, np.float32)) for name, value in tokens.items()}
 
 
 class CudaReplayCache(ReplayCacheBase):
@@ -125,6 +142,27 @@ class CudaReplayCache(ReplayCacheBase):
             raise InputError(f"{name}: must be C-contiguous, got strides {dev.strides}")
         return dev
 
+    def _device_token(self, name: str, value):
+        """Token input ``name`` as its kernels read it: float32, or raw bf16 bits (``uint16``) where the
+        declaration says bf16. Those accept raw bits (``uint16``/``int16``, e.g. a torch bf16 tensor's
+        ``.view(torch.int16)``), a torch bf16 tensor itself, or float32 values (rounded to bf16 here)."""
+        label = f"tokens[{name!r}]"
+        if self.decl.input(name).dtype != "bfloat16":
+            return self._device(value, label)
+        cp = self.cp
+        if isinstance(value, np.ndarray):  # the host check left the float32 values of its bf16
+            return cp.asarray(bfloat16_bits(value))
+        if dtype_name(value) == "bfloat16" and hasattr(value, "view"):  # torch: no CUDA array interface for bf16
+            import torch
+            value = value.view(torch.int16)
+        dtype = dtype_name(value)
+        if dtype in BF16_BITS_DTYPES:
+            return self._device(value, label, np.dtype(dtype)).view(cp.uint16)
+        if dtype == "float32":
+            return _bfloat16_bits(cp, self._device(value, label))
+        raise InputError(f"{label}: declared bfloat16; pass float32 values, a bf16 tensor or its raw bits "
+                         f"(uint16 or int16), got {dtype}")
+
     def _output(self, out, shape, name, dtype="float32"):
         cp = self.cp
         if out is None:
@@ -139,7 +177,7 @@ class CudaReplayCache(ReplayCacheBase):
 
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
-        toks = {name: self._device(value, f"tokens[{name!r}]") for name, value in (tokens or {}).items()}
+        toks = {name: self._device_token(name, value) for name, value in (tokens or {}).items()}
         t_tok = self._launch_tokens(toks, t_tok)
         named = {**self.buffers}
         for name, value in arrays.items():
@@ -173,8 +211,7 @@ class CudaReplayCache(ReplayCacheBase):
         cp = self.cp
         if self.config.state_dtype != "bfloat16":
             return values.astype(STORAGE[self.config.state_dtype])
-        bits = cp.ascontiguousarray(values, dtype=cp.float32).view(cp.uint32)
-        return ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+        return _bfloat16_bits(cp, values)
 
     def _store_conventional(self, batch, states):
         states = self._device(states, "states")

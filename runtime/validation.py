@@ -13,6 +13,7 @@ import numpy as np
 from replayssm_dsl.errors import CapacityError, InputError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+BF16_BITS_DTYPES = ("uint16", "int16")  # raw bf16 bits, for token inputs declared bfloat16
 
 
 def dtype_name(array) -> str:
