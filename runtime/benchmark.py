@@ -185,8 +185,11 @@ extern "C" __global__ void read_floor(const float4* __restrict__ x, long n4, flo
     return copy_ms, read_ms
 
 
-def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C901 - one measurement
-    """FLA's conventional fused_recurrent kernel for one decode token, ms (None when fla is absent)."""
+def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C901 - one measurement
+              token_dtype: str = "float32"):
+    """FLA's conventional fused_recurrent kernel for one decode token, ms (None when fla is absent);
+    with bf16 tokens its q, k and v are bf16 too (the gate and beta stay float32, as FLA computes
+    them; the state is float32 either way)."""
     try:
         import torch
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -204,6 +207,8 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int):  # noqa: C
     inputs = []
     for _ in range(sets):
         q, k, v = rnd(batch, 1, HV, K), rnd(batch, 1, HV, K), rnd(batch, 1, HV, V)
+        if token_dtype == "bfloat16":
+            q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
         gate_shape = (batch, 1, HV, K) if variant == "kda" else (batch, 1, HV)
         gate = -torch.rand(*gate_shape, device=dev, generator=g)
         beta = torch.rand(batch, 1, HV, device=dev, generator=g)
@@ -255,11 +260,14 @@ _GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conven
 _GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
 
 
-def preset_setup(name: str):
-    """A preset's declaration, shape, replay settings (L = 16, T_max = 8), seeded generator and
-    parameters, as the benchmark (and the measurement scripts) set them up."""
+def preset_setup(name: str, token_dtype: str = "float32"):
+    """A preset's declaration (its token inputs arriving as ``token_dtype``), shape, replay settings
+    (L = 16, T_max = 8), seeded generator and parameters, as the benchmark (and the measurement
+    scripts) set them up."""
     p = PRESETS[name]
     decl, shape, config = variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)
+    if token_dtype != "float32":
+        decl = decl.with_token_dtype(token_dtype)
     rng = np.random.default_rng(0)
     return decl, shape, config, rng, random_params(decl, shape, rng)
 
@@ -273,12 +281,13 @@ def parse_kernels(text: str) -> tuple[str, ...]:
     return names
 
 
-def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> dict:  # noqa: C901 - one measurement
+def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # noqa: C901 - one measurement
+              token_dtype: str = "float32") -> dict:
     from .autotune import VERIFY_FEW_DRAFTS, tune_step
     from .cuda_cache import CudaReplayCache, device_tokens
 
     p = PRESETS[preset_name]
-    decl, shape, config, rng, params = preset_setup(preset_name)
+    decl, shape, config, rng, params = preset_setup(preset_name, token_dtype)
     groups = {g for k in kernels for g in _GROUPS.get(k, ())}
     tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in _GROUP_ORDER if g in groups}
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
@@ -292,7 +301,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
            for _ in range(INPUT_SETS)]
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     prefix = {"replay": "", "verify": "ver ", "verify_few": f"ver{VERIFY_FEW_DRAFTS} ", "conventional": "conv "}
-    res = {"preset": preset_name, "variant": p.variant, "B": batch,
+    res = {"preset": preset_name, "variant": p.variant, "B": batch, "token_dtype": token_dtype,
            "launch": "; ".join(prefix[g] + launch.label for g, (launch, _) in tuned.items())}
     for g, (_, timings) in tuned.items():
         res[("" if g == "replay" else g + "_") + "tuning_ms"] = {k.label: v for k, v in timings.items()}
@@ -349,7 +358,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS) -> d
             heads * (amort.state_write + amort.record_write) * 2 / copy_bw  # a write costs what a copy's byte pair does
         res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
     if "fla" in kernels:
-        res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps)
+        res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps, token_dtype)
     res["state_MB"] = state_bytes / 1e6
     del cache
     cp.get_default_memory_pool().free_all_blocks()
@@ -427,7 +436,7 @@ def main(args) -> int:
     t0 = time.time()
     for preset_name in presets:
         for batch in batches:
-            r = bench_one(cp, preset_name, batch, reps, kernels)
+            r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype)
             results.append(r)
             # rewritten after every row: a run cut short keeps what it measured
             (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -84,6 +84,9 @@ __device__ __forceinline__ float to_f32(unsigned short x) { return __uint_as_flo
 __device__ __forceinline__ void from_f32(unsigned short& dst, float x) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(dst) : "f"(x)); }
 #endif
 
+// A bf16 token input, widened to float32 as it is read (its raw bits: exact).
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
+
 // One state row (K elements) into a lane's registers, 16 bytes per access for float32 state.
 template <typename T>
 __device__ __forceinline__ void load_row(const T* __restrict__ row, float (&s)[KE], int lane) {

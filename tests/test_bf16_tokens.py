@@ -1,0 +1,211 @@
+"""Token inputs declared bfloat16: the declaration, the rounding on entry, the CPU backend against the
+float32 declaration fed the same bf16 values, the generated code (NVRTC, no spills) and, marked
+``gpu``, the kernels against the float64 plain recurrence with bf16 tokens as floats, raw bits and
+torch bf16 tensors.
+
+An engine's activations arrive as bf16; a declaration that says so lets it pass them as they are.
+bf16 values are exact in float32, so the recurrence is the same one the oracle computes on them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.bfloat16 import bfloat16_bits, from_bfloat16_bits, round_to_bfloat16
+from replayssm_dsl.config import PRESETS
+from replayssm_dsl.errors import DeclarationError, InputError
+from replayssm_dsl.lowering import lower
+from replayssm_dsl.lowering.launch import choose_launch, kernel_arguments
+from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.random_inputs import random_params, random_tokens
+from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+from twin import ReplayTwin, to_host
+
+SHAPE, CONFIG = ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
+BUILTINS = sorted(variants.BUILTINS)
+
+
+def bf16(name: str, names=None):
+    return variants.get(name).with_token_dtype("bfloat16", names)
+
+
+# --- the declaration ---------------------------------------------------------------------------------
+def test_with_token_dtype_changes_the_named_tokens_and_the_fingerprint():
+    base = variants.get("kda")
+    some = base.with_token_dtype("bfloat16", ["k", "g_raw"])
+    assert {s.name: s.dtype for s in some.inputs if s.kind == "token"} == {
+        "q": "float32", "k": "bfloat16", "v": "float32", "g_raw": "bfloat16", "b": "float32"}
+    assert all(s.dtype == "float32" for s in some.inputs if s.kind == "param")
+    assert len({base.fingerprint, some.fingerprint, bf16("kda").fingerprint}) == 3
+    assert "k        [B, H, K] bfloat16" in some.describe()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: variants.get("gdn").with_token_dtype("float16"), "dtype='float16'"),
+    (lambda: variants.get("gdn").with_token_dtype("bfloat16", ["A_log"]), r"\['A_log'\] are not token inputs"),
+])
+def test_bad_token_dtypes_are_refused_naming_what_is_wrong(call, match):
+    with pytest.raises(DeclarationError, match=match):
+        call()
+
+
+def test_a_token_declared_with_an_unknown_dtype_is_refused():
+    from replayssm_dsl import Recurrence
+    with pytest.raises(DeclarationError, match=r"token 'k': dtype='int8'"):
+        Recurrence("x").token("k", size="K", dtype="int8")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-2.0**100, 2.0**100, width=32), min_size=1, max_size=64))
+def test_rounding_to_bf16_is_to_the_nearest_and_idempotent(values):
+    x = np.array(values, np.float32)
+    r = round_to_bfloat16(x)
+    assert np.array_equal(round_to_bfloat16(r), r)
+    assert np.array_equal(from_bfloat16_bits(bfloat16_bits(r)), r)
+    step = np.abs(r) * 2.0 ** -8  # a bf16 holds 8 significant bits: within half a unit in the last place
+    assert np.all(np.abs(r.astype(np.float64) - x) <= step + 1e-38)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_random_tokens_of_a_bf16_declaration_hold_bf16_values(name):
+    toks = random_tokens(bf16(name), SHAPE, np.random.default_rng(0), (3, 2))
+    for value in toks.values():
+        assert np.array_equal(round_to_bfloat16(value), value.astype(np.float32))
+
+
+# --- the CPU backend ---------------------------------------------------------------------------------
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(BUILTINS), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 12),
+       as_bits=st.booleans())
+def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(name, seed, steps, as_bits):
+    """Floats are rounded on entry (or given as raw bits): the same outputs, bit for bit, as the float32
+    declaration given the rounded values, through steps, verify and commit."""
+    rng = np.random.default_rng(seed)
+    params = random_params(variants.get(name), SHAPE, rng)
+    plain = CpuReplayCache(variants.get(name), SHAPE, CONFIG, slots=2, params=params)
+    half = CpuReplayCache(bf16(name), SHAPE, CONFIG, slots=2, params=params)
+    for i in range(steps):
+        toks = random_tokens(variants.get(name), SHAPE, rng, (2,) if i % 3 else (2, 3))
+        rounded = {k: round_to_bfloat16(v).astype(np.float64) for k, v in toks.items()}
+        given_ = {k: bfloat16_bits(v) for k, v in toks.items()} if as_bits else toks
+        if i % 3:
+            assert np.array_equal(half.step([0, 1], given_), plain.step([0, 1], rounded))
+        else:
+            got, want = half.verify([1, 0], given_, [3, 2]), plain.verify([1, 0], rounded, [3, 2])
+            assert np.isfinite(got[0]).all() and np.isfinite(got[1, :2]).all()  # row 1's third draft: unwritten
+            assert np.array_equal(got, want, equal_nan=True)
+            half.commit([2, 1])
+            plain.commit([2, 1])
+    assert np.array_equal(half.materialize([0, 1]), plain.materialize([0, 1]))
+
+
+def test_bad_bf16_tokens_are_refused_before_any_state_changes():
+    decl = bf16("gdn")
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=2, params=random_params(decl, SHAPE, np.random.default_rng(0)))
+    toks = random_tokens(decl, SHAPE, np.random.default_rng(1), (2,))
+    bits = dict(toks, k=bfloat16_bits(toks["k"]))
+    bits["k"][1, 0, 3] = 0x7FC0  # a NaN's bits
+    with pytest.raises(InputError, match=r"tokens\['k'\]: non-finite"):
+        cache.step([0, 1], bits)
+    with pytest.raises(InputError, match=r"tokens\['a'\]: dtype int32 not accepted"):
+        cache.step([0, 1], dict(toks, a=np.zeros((2, SHAPE.heads), np.int32)))
+    with pytest.raises(InputError, match=r"tokens\['v'\]: non-finite value inf"):  # past bf16's range
+        cache.step([0, 1], dict(toks, v=np.full((2, SHAPE.heads, SHAPE.v_dim), 3.4e38)))
+    assert (cache.fills() == 0).all()
+
+
+def test_raw_bits_are_refused_for_a_float32_token():
+    decl = variants.get("gdn")
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=1, params=random_params(decl, SHAPE, np.random.default_rng(0)))
+    toks = random_tokens(decl, SHAPE, np.random.default_rng(1), (1,))
+    with pytest.raises(InputError, match=r"tokens\['k'\]: dtype uint16 not accepted"):
+        cache.step([0], dict(toks, k=bfloat16_bits(toks["k"])))
+
+
+# --- the generated code --------------------------------------------------------------------------------
+def test_bf16_tokens_are_raw_bits_widened_where_read():
+    decl = bf16("kda", ["k", "g_raw"])
+    program = lower(decl, SHAPE, CONFIG)
+    types = dict((name, ctype) for ctype, name in kernel_arguments(program))
+    assert types["tok_k"] == types["tok_g_raw"] == "const unsigned short*"
+    assert types["tok_q"] == types["par_A_log"] == "const float*"
+    src = render_program(program)
+    assert "bf16_bits_to_f32(tok_k[" in src and "bf16_bits_to_f32(tok_g_raw[" in src
+    assert "bf16_bits_to_f32(tok_q[" not in src
+    assert "lane * 64 < K) prefetch_l1(tok_k" in src  # 64 bf16 to a 128-byte line
+    assert program.buffer("k").dtype == "bfloat16" and program.buffer("q").dtype == "float32"
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("batch", [1, 256])
+@pytest.mark.parametrize("name,preset", [("kda", "kimi-linear"), ("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b")])
+def test_bf16_token_kernels_compile_for_sm90_without_spills(name, preset, batch):
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    shape = PRESETS[preset].shape
+    result = compile_cubin(render_program(lower(bf16(name), shape, ReplayConfig()), choose_launch(shape, batch)))
+    assert len(result.resources) == 10, result.log
+    for kernel, res in result.resources.items():
+        assert res.clean, f"{kernel}: {res}\n{result.log}"
+
+
+# --- on the GPU ----------------------------------------------------------------------------------------
+def cuda_cache():
+    from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+    return CudaReplayCache
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["kda", "gdn", "mamba2", "gla"])
+def test_gpu_bf16_tokens_match_the_float64_recurrence(name):
+    """Steps (a flush every L), verify and commit of every count, materialize: against the float64
+    plain recurrence on the same bf16 values, FP32 state tolerance."""
+    twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 80, 96), ReplayConfig(window=8, max_drafts=4),
+                      np.random.default_rng(3), slots=3, tol=2e-4)
+    twin.load([0, 2])
+    for i in range(30):
+        twin.step([2, -1, 0] if i % 2 else [0, 2])
+        if i % 5 == 0:
+            toks = twin.verify([0, 2], [4, 2])
+            twin.commit([0, 2], toks, [i % 5, 1])
+    twin.check_materialize([0, 2])
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_tokens_as_floats_bits_and_torch_tensors_give_the_same_outputs():
+    import cupy as cp
+    decl = bf16("kda")
+    rng = np.random.default_rng(5)
+    params = random_params(decl, SHAPE, rng)
+    toks = random_tokens(decl, SHAPE, rng, (2,))
+    forms = {"host floats": toks,
+             "device float32": {k: cp.asarray(v, cp.float32) for k, v in toks.items()},
+             "device bits": {k: cp.asarray(bfloat16_bits(v)) for k, v in toks.items()}}
+    try:
+        import torch
+        forms["torch bf16"] = {k: torch.tensor(v, dtype=torch.float32, device="cuda").to(torch.bfloat16)
+                               for k, v in toks.items()}
+    except ImportError:
+        pass
+    outs = {}
+    for form, given_ in forms.items():
+        cache = cuda_cache()(decl, SHAPE, CONFIG, slots=2, params=params)
+        outs[form] = to_host(cache.step([0, 1], given_, out=cache.poisoned((2, 1, SHAPE.heads, SHAPE.v_dim))))
+        assert np.isfinite(outs[form]).all(), form
+    first = next(iter(outs.values()))
+    for form, out in outs.items():
+        assert np.array_equal(out, first), form
+
+
+@pytest.mark.gpu
+def test_gpu_a_bf16_token_of_another_dtype_is_refused_naming_it():
+    import cupy as cp
+    decl = bf16("gdn")
+    cache = cuda_cache()(decl, SHAPE, CONFIG, slots=1, params=random_params(decl, SHAPE, np.random.default_rng(0)))
+    toks = {k: cp.asarray(v, cp.float32) for k, v in random_tokens(decl, SHAPE, np.random.default_rng(1), (1,)).items()}
+    with pytest.raises(InputError, match=r"tokens\['k'\]: declared bfloat16.*got float64"):
+        cache.step([0], dict(toks, k=toks["k"].astype(cp.float64)))
+    assert (cache.fills() == 0).all()
