@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replayssm_dsl.evaluate import evaluate_fields
+from replayssm_dsl.evaluate import evaluate, evaluate_fields
 
 from .buffer_rules import step_flushes, verify_flushes
 from .ir import Kernel, Program, When
+from .record_inputs import raw_record_inputs
 
 
 def round_to_storage(x: np.ndarray, dtype: str, compute: np.dtype) -> np.ndarray:
@@ -49,6 +50,7 @@ class Interpreter:
         self.p, self.decl, self.shape = program, program.declaration, program.shape
         self.compute = np.dtype(compute)
         self.vector_decay = self.decl.decay_form == "vector"
+        self.raw = raw_record_inputs(self.decl)  # record fields kept as the token's raw bf16 input
 
     # --- helpers -------------------------------------------------------------------------------------
     def _expand_keys(self, keys: np.ndarray) -> np.ndarray:  # [Hk, ..., K] -> [HV, ..., K]
@@ -67,12 +69,23 @@ class Interpreter:
             values[spec.name] = bufs[spec.name][b, :t] if spec.kind == "token" else bufs[spec.name]
         return (evaluate_fields(self.decl, values, self.shape, self.compute),)
 
+    def _from_raw(self, bufs, field: str, raw: np.ndarray) -> np.ndarray:
+        """A record field recomputed from its raw input ``[heads, n, K]`` (``raw_record_inputs``), ``[heads, n, K]``."""
+        spec = self.raw[field]
+        values = {s.name: bufs[s.name] for s in self.decl.inputs if s.kind == "param"}
+        values[spec.name] = np.swapaxes(raw, 0, 1).astype(self.compute)  # as tokens: [n, heads, K]
+        level = self.decl.key_level if field == "key" else "head"
+        return np.swapaxes(evaluate(self.decl.expressions()[field], values, self.shape, level, self.compute), 0, 1)
+
     def op_load_records(self, bufs, b, env, stmt):
         slot, n = env["slot"], env["n"]
         write = bufs["rec_write"][slot, :, :n].astype(self.compute)
-        key = self._expand_keys(bufs["rec_key"][slot, :, :n]).astype(self.compute)
+        key = bufs["rec_key"][slot, :, :n]
+        key = self._expand_keys(self._from_raw(bufs, "key", key) if "key" in self.raw else key).astype(self.compute)
         if "rec_decay" in bufs:
             dec = bufs["rec_decay"][slot, :, :n].astype(self.compute)
+            if "decay" in self.raw:  # per-record log-decays, summed in order as the steps that appended them did
+                dec = np.cumsum(self._from_raw(bufs, "decay", dec), axis=1)
             dec = dec if self.vector_decay else dec[..., None]
             last = dec[:, n - 1] if n else self._zeros_decay()
         else:
@@ -165,10 +178,12 @@ class Interpreter:
         slot, R, W, F, G = env["slot"], env["R"], env["W"], env["F"], env["G"]
         pos = slice(R.n, R.n + W.shape[0])
         bufs["rec_write"][slot, :, pos] = np.swapaxes(W, 0, 1)
-        bufs["rec_key"][slot, :, pos] = np.swapaxes(F["key_stored"], 0, 1)
+        t = W.shape[0]
+        raw = {field: np.swapaxes(bufs[spec.name][b, :t], 0, 1) for field, spec in self.raw.items()}  # the tokens' bits
+        bufs["rec_key"][slot, :, pos] = raw["key"] if "key" in raw else np.swapaxes(F["key_stored"], 0, 1)
         if "rec_decay" in bufs:
             g = np.swapaxes(G, 0, 1)
-            bufs["rec_decay"][slot, :, pos] = g if self.vector_decay else g[..., 0]
+            bufs["rec_decay"][slot, :, pos] = raw["decay"] if "decay" in raw else g if self.vector_decay else g[..., 0]
         return ()
 
     def op_recur(self, bufs, b, env, stmt):

@@ -134,13 +134,16 @@ def write_record_layout(rows_per_warp: int, rows_per_cta: int, v_dim: int) -> tu
 
 
 INPUT_C_TYPES = {"float32": "const float*", "bfloat16": "const unsigned short*"}  # bf16: raw bits
+RECORD_C_TYPES = {"float32": "float*", "bfloat16": "unsigned short*"}  # records kept as raw bf16 inputs
 
 
 def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     """``(C type, name)`` of every kernel argument, in order; the runtime passes them in this order."""
     st = "STATE_T*"
+    record = {b.name: RECORD_C_TYPES[b.dtype] for b in program.buffers if b.role == "record"}
     args = [(st, "checkpoint"), (st, "state"), (st, "snapshots"), ("const float*", "initial"),
-            ("float*", "materialized"), ("float*", "rec_decay"), ("float*", "rec_write"), ("float*", "rec_key"),
+            ("float*", "materialized"), (record.get("rec_decay", "float*"), "rec_decay"), ("float*", "rec_write"),
+            (record["rec_key"], "rec_key"),
             ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
             ("const int*", "drafts"), ("const int*", "accepted")]
     for spec in program.declaration.inputs:

@@ -25,6 +25,7 @@ from replayssm_dsl.config import ModelShape, ReplayConfig
 from replayssm_dsl.declaration import Declaration
 
 from .ir import Buffer, Kernel, Program, Stmt, When
+from .record_inputs import raw_record_inputs
 
 TILED = ("VT", "HV", "B")  # grid of a per-row kernel: V-tiles × value heads × batch rows
 PER_ROW = ("B",)
@@ -40,13 +41,19 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
         Buffer("initial", "state", "float32", ("B", "HV", "V", "K"), "states handed to load"),
         Buffer("materialized", "output", "float32", ("B", "HV", "V", "K"), "materialize's states"),
     ]
+    raw = raw_record_inputs(decl)
     if decl.decay_form == "scalar":
         bufs.append(Buffer("rec_decay", "record", "float32", ("slots", "HV", "cap"), "cumulative log-decay G_i"))
+    elif "decay" in raw:
+        bufs.append(Buffer("rec_decay", "record", "bfloat16", ("slots", "HV", "cap", "K"),
+                           f"the decay's input {raw['decay'].name!r} per record, as it arrived (G_i recomputed)"))
     elif decl.decay_form == "vector":
         bufs.append(Buffer("rec_decay", "record", "float32", ("slots", "HV", "cap", "K"), "cumulative log-decay G_i"))
+    key_doc = (f"the key's input {raw['key'].name!r} per record, as it arrived (k_i recomputed), once per key head"
+               if "key" in raw else "keys k_i, once per key head")
     bufs += [
         Buffer("rec_write", "record", "float32", ("slots", "HV", "cap", "V"), "writes w_i (corrections for the delta rule)"),
-        Buffer("rec_key", "record", "float32", ("slots", key_heads, "cap", "K"), "keys k_i, once per key head"),
+        Buffer("rec_key", "record", "bfloat16" if "key" in raw else "float32", ("slots", key_heads, "cap", "K"), key_doc),
         Buffer("fill", "meta", "int32", ("slots",), "records committed per slot (the device-side truth; during a "
                "replay_step launch its high 16 bits count the slot's CTAs that have read it, zero again at the end)"),
         Buffer("slot", "batch", "int32", ("B",), "slot per batch row; < 0 is the null slot (padding)"),

@@ -24,7 +24,7 @@ from replayssm_dsl.errors import LoweringError
 from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced, write_record_layout
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
-                            epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids,
+                            epilogue, facts, fields, fill_lines, fold_keys, fold_rows, records_ready, ids,
                             load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
                             stage_row_fields, store_rows, token_prefetch)
 from .render_replay import render_replay
@@ -91,7 +91,7 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     if guard or launch.shared_rows:
         return body + _chunked_fold(decl, target)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
-    body += load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
+    body += load_records(decl) + records_ready(decl)
     body += row_records()
     fold = fold_keys(decl, "n - 1", "n") + fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
@@ -106,7 +106,7 @@ def _chunked_fold(decl, target: str) -> list[str]:
     same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md). Launches with
     shared rows fold this way too. Rows go to ``target`` (a row's address, ``row`` in scope)."""
     src = CHECKPOINT_ROW.format(page="src")
-    return (load_records(decl) + ["cp_async_wait();", "__syncthreads();"]
+    return (load_records(decl) + records_ready(decl)
             + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
             + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
                "#pragma unroll 1",

@@ -7,7 +7,8 @@ Three contexts, by what one warp holds while it evaluates:
 A scalar node renders as ``float``; a K-vector node as ``float x[KE]``. ``L2NORM`` over K reduces
 with ``warp_sum``. Inputs read the token buffers ``[B, T, heads(, size)]`` at token ``j`` and the
 parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``; a bf16 token input is widened as it is read (``bf16_bits_to_f32``). A ``hoisted``
-K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``).
+K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``); a ``sources``
+input is read from a register array (a record's raw input: ``widen_records``).
 """
 
 from __future__ import annotations
@@ -29,30 +30,38 @@ def c_float(value: float) -> str:
     return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
 
 
-def input_load(spec, index: str, token: str = "j") -> str:
-    """C text reading input ``spec`` at element ``index`` (of K or V; ignored for a scalar input):
-    a token input at token ``token`` of row ``b``, a parameter per head; group-level inputs index the
-    key head ``hk``."""
+def input_element(spec, index: str, token: str = "j") -> str:
+    """C text of input ``spec``'s element ``index`` (of K or V; ignored for a scalar input) as stored
+    (raw bits for a bf16 token): a token input at token ``token`` of row ``b``, a parameter per head;
+    group-level inputs index the key head ``hk``."""
     heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
     if spec.kind == "token":
         base, buf = f"((size_t)(b * t_tok + {token}) * {heads} + {head})", f"tok_{spec.name}"
     else:
         base, buf = f"(size_t){head}", f"par_{spec.name}"
-    element = f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {spec.size} + {index}]"
+    return f"{buf}[{base}]" if not spec.size else f"{buf}[{base} * {spec.size} + {index}]"
+
+
+def input_load(spec, index: str, token: str = "j") -> str:
+    """C text reading input ``spec`` at element ``index`` as a float (``input_element``, widened)."""
+    element = input_element(spec, index, token)
     return f"bf16_bits_to_f32({element})" if spec.dtype == "bfloat16" else element
 
 
 class ExprRenderer:
     """Renders expressions of one declaration; ``prefix`` keeps variable names unique per use."""
 
-    def __init__(self, declaration, prefix: str, hoisted: tuple = ()):
+    def __init__(self, declaration, prefix: str, hoisted: tuple = (), sources: dict | None = None):
         self.decl, self.prefix = declaration, prefix
         self.hoisted = hoisted  # K-sized token inputs whose draft j = warp is already in pre_<name>[KE]
+        self.sources = sources or {}  # K-sized token inputs read from a register array instead: name -> array
         self.names: dict[int, str] = {}
         self.lines: list[str] = []
 
     def _leaf(self, node: Expr, index: str) -> str:
         spec = self.decl.input(node.arg)
+        if spec.name in self.sources and spec.size == "K" and index == "e":
+            return f"{self.sources[spec.name]}[i]"
         load = input_load(spec, index)
         if spec.name in self.hoisted and spec.size == "K" and index == "e":
             return f"(j == warp ? pre_{spec.name}[i] : {load})"

@@ -15,19 +15,25 @@ from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
 from .launch import LaunchConfig, write_record_layout
+from .record_inputs import raw_record_inputs
+from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, load_records, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
-                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
+                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch, widen_records)
 
 
 def _cumulate(decl) -> list[str]:
     """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'} (a running sum over the drafts, per element for a decay
     vector); the drafts' keys join the records' (sh_key[n + j]); the decayed query and key
     e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements)."""
-    if decl.decay_form == "vector":
+    if "decay" in raw_record_inputs(decl):  # the records' decays widened, not summed: sum them here first
+        start, step = ("float acc = 0.f; for (int m = 0; m < n; ++m) { acc += sh_G[m * K + e]; sh_G[m * K + e] = acc; }", [
+            "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
+            "const float dec = expf(acc);"])
+    elif decl.decay_form == "vector":
         start, step = "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;", [
             "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
             "const float dec = expf(acc);"]
@@ -265,6 +271,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += ["cp_async_wait();", "__syncthreads();"]
+    widen = widen_records(decl, "n")
+    body += widen + (["__syncthreads();"] if widen else [])
     body += _cumulate(decl)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
@@ -277,13 +285,16 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if append_guard is not None:
         kh_cond = "hv % GROUP == 0" if decl.key_level == "group" else "true"
         khead = "hk" if decl.key_level == "group" else "hv"
+        raw = raw_record_inputs(decl)  # fields kept as the token's raw bf16 input: copy its bits
+        raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}
         rec = ["if (blockIdx.x == 0) {"]
         if decl.decay_form == "scalar":
             rec.append("    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];")
         elif decl.decay_form == "vector":
-            rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];")
+            rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = "
+                       f"{raw_x.get('decay', 'sh_G[n * K + x]')};")
         rec.append(f"    if ({kh_cond}) for (int x = tid; x < t * K; x += THREADS) "
-                   f"rec_key[(((size_t)slot * KEY_HEADS + {khead}) * CAPACITY + n) * K + x] = sh_key[n * K + x];")
+                   f"rec_key[(((size_t)slot * KEY_HEADS + {khead}) * CAPACITY + n) * K + x] = {raw_x.get('key', 'sh_key[n * K + x]')};")
         rec.append("}")
         body += guarded(append_guard, rec)
     body.append("__syncthreads();")

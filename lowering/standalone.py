@@ -52,6 +52,9 @@ def _struct_fields(program: Program) -> list[tuple[str, str]]:
 
 
 def _doc(program: Program, name: str) -> tuple[str, str, str]:
+    record = next((b for b in program.buffers if b.name == name and b.role == "record"), None)
+    if record is not None and record.dtype == "bfloat16":  # a record field kept as its bf16 input
+        return "bf16 (raw bits)", ARGUMENT_DOCS[name][1], record.doc
     if name in ARGUMENT_DOCS:
         return ARGUMENT_DOCS[name]
     spec = program.declaration.input(name[4:])

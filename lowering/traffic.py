@@ -55,7 +55,7 @@ def _token_bytes(program: Program, t: int) -> float:
     for b in p.buffers_of("token"):
         elems = {"": 1, "K": p.shape.k_dim, "V": p.shape.v_dim}[b.dims[3] if len(b.dims) > 3 else ""]
         share = p.shape.group_size if b.dims[2] == "H" else 1
-        total += t * elems * 4 / share
+        total += t * elems * DTYPE_BYTES[b.dtype] / share
     return total
 
 

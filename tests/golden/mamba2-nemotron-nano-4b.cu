@@ -298,6 +298,30 @@ __device__ __forceinline__ void stage_floats(float* __restrict__ dst, const floa
     }
 }
 
+// Records kept as raw bf16 inputs (record_inputs.py): record m's K values go to the upper half of its
+// K floats in `dst` (bytes [4mK + 2K, 4mK + 4K)), where widen_records (one warp per record) reads them
+// before it writes the record's floats over them. RAW_CHUNK bytes per copy: the widest of 16, 8 and 4
+// that a record's 2K bytes divide into (K odd: one element at a time, through registers).
+constexpr int RAW_CHUNK = (2 * K) % 16 == 0 ? 16 : (2 * K) % 8 == 0 ? 8 : (2 * K) % 4 == 0 ? 4 : 2;
+__device__ __forceinline__ void stage_bf16_records(float* __restrict__ dst, const unsigned short* __restrict__ src,
+                                                   int count, int tid) {
+    constexpr int PER = RAW_CHUNK / 2, CHUNKS = K / PER;  // elements per copy, copies per record
+    for (int x = tid; x < count * CHUNKS; x += THREADS) {
+        const int m = x / CHUNKS, c = x % CHUNKS;
+        unsigned short* d = reinterpret_cast<unsigned short*>(dst + (size_t)m * K) + K + c * PER;
+        const unsigned short* s = src + (size_t)m * K + c * PER;
+        if constexpr (RAW_CHUNK == 2) {
+            *d = *s;
+        } else {
+            cp_async_ca<RAW_CHUNK>(reinterpret_cast<float*>(d), reinterpret_cast<const float*>(s), true);
+        }
+    }
+}
+// Element e of record m's raw bf16 input, staged by stage_bf16_records into `sh`, widened.
+__device__ __forceinline__ float raw_record_element(const float* sh, int m, int e) {
+    return bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(sh + (size_t)m * K)[K + e]);
+}
+
 // Start copying the buffer's n write records of rows [v0, v0 + BV) into shared memory, record i at
 // sh_w[i·W_PITCH + rr], W_VEC rows per copy (W_PITCH pads the records apart against bank conflicts,
 // keeping each W_VEC-row chunk aligned; zeros past V; nothing past the fill, never read). Each thread

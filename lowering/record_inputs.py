@@ -1,0 +1,36 @@
+"""Lowering layer: which record fields the buffer keeps as the bf16 token input they are computed from.
+
+A record keeps a key (per key head) and, for a decay vector, its cumulative log-decay (per value
+head), float32 by default. When such a field is computed from exactly one token input, that input
+arrives as bf16, is a vector over K and lives at the heads the field is stored at (KDA: the key
+``l2norm(k)`` from ``k``, the decay ``−exp(A_log)·softplus(g_raw + dt_bias)`` from ``g_raw``), the
+record keeps that input instead, as it arrived: half the bytes, and exact. The kernels that read the
+records recompute the field from it (``widen_records``; the decays' running sums in the cumulate
+phase or ``prefix_decays``), the kernels that append records copy the token's bits.
+"""
+
+from __future__ import annotations
+
+RECORD_FIELDS = {"key": "rec_key", "decay": "rec_decay"}
+
+
+def raw_record_input(decl, field: str):
+    """The token input (an ``InputSpec``) whose bf16 bits the records keep for ``field`` (``"key"``
+    or ``"decay"``), or None when they keep the field itself in float32."""
+    ex = decl.expressions()
+    if field not in ex or (field == "decay" and decl.decay_form != "vector"):
+        return None
+    names = {n.arg for n in ex[field].walk() if n.op == "INPUT"}
+    if len(names) != 1:
+        return None
+    spec = decl.input(names.pop())
+    stored_level = decl.key_level if field == "key" else "head"
+    if spec.dtype != "bfloat16" or spec.size != "K" or spec.level != stored_level:
+        return None
+    return spec
+
+
+def raw_record_inputs(decl) -> dict:
+    """``{field: InputSpec}`` of the record fields kept as raw bf16 inputs (``raw_record_input``)."""
+    found = {field: raw_record_input(decl, field) for field in RECORD_FIELDS}
+    return {field: spec for field, spec in found.items() if spec is not None}
