@@ -13,8 +13,9 @@ from replayssm_dsl.random_inputs import random_params, random_state, random_toke
 from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
 
 
-def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0, launch: LaunchConfig | None = None) -> None:
-    decl = variants.get(name)
+def exercise(name: str, shape: ModelShape, config: ReplayConfig, seed: int = 0, launch: LaunchConfig | None = None,
+             token_dtype: str = "float32") -> None:
+    decl = variants.get(name) if token_dtype == "float32" else variants.get(name).with_token_dtype(token_dtype)
     rng = np.random.default_rng(seed)
     cache = CudaReplayCache(decl, shape, config, slots=4, params=random_params(decl, shape, rng), launch=launch)
     cache.load([0, 1, 2], random_state(shape, rng, (3,)).astype(np.float32))
@@ -50,4 +51,12 @@ if __name__ == "__main__":
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
                        LaunchConfig(4, 4, eager_records=True, register_writes=True)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
+    # bf16 tokens: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
+    # K = 64, 6 and 33 stage them 16, 4 and 2 bytes at a time
+    for name in ("gdn", "kda"):
+        exercise(name, ModelShape(4, 2, 40, 64), ReplayConfig(window=4, max_drafts=3), token_dtype="bfloat16")
+        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), token_dtype="bfloat16",
+                 launch=LaunchConfig(4, 4, eager_records=True, register_writes=True))
+    exercise("kda", ModelShape(2, 1, 8, 6), ReplayConfig(window=2, max_drafts=2), token_dtype="bfloat16")
+    exercise("gdn", ModelShape(2, 1, 8, 33), ReplayConfig(window=2, max_drafts=2), token_dtype="bfloat16")
     print("sanitize_small: all kernels ran")
