@@ -296,7 +296,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
     cache.buffers["state"][...] = cache.buffers["checkpoint"]
     cache.buffers["rec_write"][...] = 0.01
-    cache.buffers["rec_key"][...] = 0.05 if cache.buffers["rec_key"].dtype == cp.float32 else int(bfloat16_bits(0.05))
+    cache.buffers["rec_key"][...] = 0.05 if cache.buffers["rec_key"].dtype == cp.float32 else int(bfloat16_bits([0.05])[0])
     batch_dev = mixed_steady_state(cache, batch)
     one = [device_tokens(cp, decl, {k: v[:, None] for k, v in random_tokens(decl, shape, rng, (batch,)).items()})
            for _ in range(INPUT_SETS)]
