@@ -50,7 +50,7 @@ class Interpreter:
         self.p, self.decl, self.shape = program, program.declaration, program.shape
         self.compute = np.dtype(compute)
         self.vector_decay = self.decl.decay_form == "vector"
-        self.raw = raw_record_inputs(self.decl)  # record fields kept as the token's raw bf16 input
+        self.raw = raw_record_inputs(self.decl, program.config)  # record fields kept as the token's raw bf16 input
 
     # --- helpers -------------------------------------------------------------------------------------
     def _expand_keys(self, keys: np.ndarray) -> np.ndarray:  # [Hk, ..., K] -> [HV, ..., K]

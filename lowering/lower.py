@@ -41,7 +41,7 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
         Buffer("initial", "state", "float32", ("B", "HV", "V", "K"), "states handed to load"),
         Buffer("materialized", "output", "float32", ("B", "HV", "V", "K"), "materialize's states"),
     ]
-    raw = raw_record_inputs(decl)
+    raw = raw_record_inputs(decl, config)
     if decl.decay_form == "scalar":
         bufs.append(Buffer("rec_decay", "record", "float32", ("slots", "HV", "cap"), "cumulative log-decay G_i"))
     elif "decay" in raw:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Kernel
-from .record_inputs import raw_record_inputs
 from .render_expr import ExprRenderer, input_element, input_load
 
 
@@ -272,14 +271,14 @@ def epilogue(decl) -> list[str]:
     return lines
 
 
-def load_records(decl, count: str = "n", writes_in_registers: bool = False) -> list[str]:
-    """Start the asynchronous copies of the buffer's first ``count`` keys (and decays) and of the write
+def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = False) -> list[str]:
+    """Start the asynchronous copies of the buffer's first ``count`` keys (and decays; ``raw``: the fields
+    kept as raw bf16 inputs, ``raw_record_inputs``) and of the write
     records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them); with
     ``writes_in_registers`` the write records go straight into each warp's ``wv`` instead (declared
     before: ``load_record_rows_global``)."""
     khead = "hk" if decl.key_level == "group" else "hv"
     wide = "VEC == 4"
-    raw = raw_record_inputs(decl)
     keys = f"rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K"
     lines = [f"stage_bf16_records(sh_key, {keys}, {count}, tid);" if "key" in raw
              else f"stage_floats<{wide}>(sh_key, {keys}, {count} * K, tid);"]
@@ -300,13 +299,12 @@ def load_records(decl, count: str = "n", writes_in_registers: bool = False) -> l
 RAW_ARRAYS = {"key": "sh_key", "decay": "sh_G"}  # where a record field's raw input is staged, and its floats go
 
 
-def widen_records(decl, count: str = "n") -> list[str]:
+def widen_records(decl, raw: dict, count: str = "n") -> list[str]:
     """Records kept as raw bf16 inputs (``raw_record_inputs``), staged by ``stage_bf16_records``: one
     warp per record reads its raw elements into registers, then (``__syncwarp``: they share the
     record's floats) computes the field from them as the fields do for a token and stores it, the key
     to ``sh_key``, a decay vector's per-record log-decay to ``sh_G`` (the running sums come after a
     barrier: ``prefix_decays``, or the cumulate phase). Nothing when no field is kept raw."""
-    raw = raw_record_inputs(decl)
     if not raw:
         return []
     ex = decl.expressions()
@@ -328,10 +326,10 @@ def widen_records(decl, count: str = "n") -> list[str]:
             + ["    " + x for x in body] + ["}"])
 
 
-def prefix_decays(decl, count: str = "n") -> list[str]:
+def prefix_decays(raw: dict, count: str = "n") -> list[str]:
     """G_m = Σ_{m' ≤ m} g_{m'} in place in ``sh_G`` when the records keep the decay's raw input
     (after ``widen_records`` and a barrier), in the order the steps that appended them summed."""
-    if "decay" not in raw_record_inputs(decl):
+    if "decay" not in raw:
         return []
     return ["for (int e = tid; e < K; e += THREADS) {  // the records' cumulative log-decays",
             "    float acc = 0.f;",
@@ -339,14 +337,14 @@ def prefix_decays(decl, count: str = "n") -> list[str]:
             "}"]
 
 
-def records_ready(decl, count: str = "n") -> list[str]:
+def records_ready(decl, raw: dict, count: str = "n") -> list[str]:
     """After ``load_records``: wait for the copies, and widen the records kept raw (then their decays'
     running sums), each step behind a barrier, so ``sh_key`` and ``sh_G`` hold what the fold reads."""
     lines = ["cp_async_wait();", "__syncthreads();"]
-    widen = widen_records(decl, count)
+    widen = widen_records(decl, raw, count)
     if widen:
         lines += widen + ["__syncthreads();"]
-    prefix = prefix_decays(decl, count)
+    prefix = prefix_decays(raw, count)
     if prefix:
         lines += prefix + ["__syncthreads();"]
     return lines

@@ -27,6 +27,7 @@ from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FIL
                             epilogue, facts, fields, fill_lines, fold_keys, fold_rows, records_ready, ids,
                             load_records, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
                             stage_row_fields, store_rows, token_prefetch)
+from .record_inputs import raw_record_inputs
 from .render_replay import render_replay
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"
@@ -86,19 +87,20 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
         body += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"]
     target = ("materialized + (((size_t)b * HV + hv) * V + row) * K" if "store_state:materialized" in f.guards
               else CHECKPOINT_ROW.format(page="dst"))
+    raw = raw_record_inputs(decl, program.config)
     # flush_for_verify: most rows only check and exit, so the fold keeps few registers; a launch with
     # shared rows has more rows per warp than the registers hold at once (its fold kernels spill whole)
     if guard or launch.shared_rows:
-        return body + _chunked_fold(decl, target)
+        return body + _chunked_fold(decl, raw, target)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
-    body += load_records(decl) + records_ready(decl)
+    body += load_records(decl, raw) + records_ready(decl, raw)
     body += row_records()
     fold = fold_keys(decl, "n - 1", "n") + fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
     return body + store_rows(target)
 
 
-def _chunked_fold(decl, target: str) -> list[str]:
+def _chunked_fold(decl, raw: dict, target: str) -> list[str]:
     """The fold a few rows of the warp at a time (``FOLD_ROWS``), for a kernel that most rows leave
     after their checks (``flush_for_verify``: in a speculative steady state a fraction of the rows
     fold before a verify). Holding a warp's RPW rows at once would set the registers, and with them
@@ -106,7 +108,7 @@ def _chunked_fold(decl, target: str) -> list[str]:
     same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md). Launches with
     shared rows fold this way too. Rows go to ``target`` (a row's address, ``row`` in scope)."""
     src = CHECKPOINT_ROW.format(page="src")
-    return (load_records(decl) + records_ready(decl)
+    return (load_records(decl, raw) + records_ready(decl, raw)
             + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
             + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
                "#pragma unroll 1",

@@ -25,11 +25,12 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch, widen_records)
 
 
-def _cumulate(decl) -> list[str]:
+def _cumulate(decl, raw: dict) -> list[str]:
     """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'} (a running sum over the drafts, per element for a decay
-    vector); the drafts' keys join the records' (sh_key[n + j]); the decayed query and key
+    vector; with the decay's raw input in the records, ``raw``, their running sums first); the drafts'
+    keys join the records' (sh_key[n + j]); the decayed query and key
     e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements)."""
-    if "decay" in raw_record_inputs(decl):  # the records' decays widened, not summed: sum them here first
+    if "decay" in raw:  # the records' decays widened, not summed: sum them here first
         start, step = ("float acc = 0.f; for (int m = 0; m < n; ++m) { acc += sh_G[m * K + e]; sh_G[m * K + e] = acc; }", [
             "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
             "const float dec = expf(acc);"])
@@ -231,6 +232,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if refusal:
         raise LoweringError(refusal)
     writes_in_registers = _writes_in_registers(f, launch)
+    raw = raw_record_inputs(decl, program.config)  # record fields kept as the token's raw bf16 input
     writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
     assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes)
@@ -255,25 +257,25 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += fill_load_lines(f)  # the page read depends on the fill
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-        body += state + guarded(f.guards.get("load_records", ""), load_records(decl, "n", writes_in_registers)) + token_fields
+        body += state + guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers)) + token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
         body += ((_arrive() if moves_fill else []) + state
-                 + guarded("EAGER_RECORDS", load_records(decl, "CAPACITY", writes_in_registers)))
+                 + guarded("EAGER_RECORDS", load_records(decl, raw, "CAPACITY", writes_in_registers)))
         # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
         stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
         body += _fill_from_arrival(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
-        body += guarded("!EAGER_RECORDS", load_records(decl, "n", writes_in_registers))
+        body += guarded("!EAGER_RECORDS", load_records(decl, raw, "n", writes_in_registers))
         if writes_in_registers:  # the whole buffer's writes came in: keep the fill's
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += ["cp_async_wait();", "__syncthreads();"]
-    widen = widen_records(decl, "n")
+    widen = widen_records(decl, raw, "n")
     body += widen + (["__syncthreads();"] if widen else [])
-    body += _cumulate(decl)
+    body += _cumulate(decl, raw)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
         body += mma_scores(decl)
@@ -285,7 +287,6 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if append_guard is not None:
         kh_cond = "hv % GROUP == 0" if decl.key_level == "group" else "true"
         khead = "hk" if decl.key_level == "group" else "hv"
-        raw = raw_record_inputs(decl)  # fields kept as the token's raw bf16 input: copy its bits
         raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}
         rec = ["if (blockIdx.x == 0) {"]
         if decl.decay_form == "scalar":

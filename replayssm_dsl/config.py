@@ -14,6 +14,7 @@ from .errors import ConfigError
 STATE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 READ_ONLY_DTYPES = {"float8_e4m3": 1, "nvfp4": 0.5625}  # valid only for a low-precision read copy (later)
 DTYPE_BYTES = {**STATE_DTYPES, **READ_ONLY_DTYPES}
+RECORD_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,11 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """Replay window ``L``, draft limit ``T`` and storage dtypes; ``capacity = L + T`` records per slot."""
+    """Replay window ``L``, draft limit ``T`` and storage dtypes; ``capacity = L + T`` records per slot.
+
+    ``record_dtype="bfloat16"``: a record's key (or decay vector) computed from one token input
+    declared bf16 is kept as that input's bits, exact, and recomputed where read (half those bytes
+    and that memory; lowering/record_inputs.py); everything else in the records stays float32."""
 
     window: int = 16
     max_drafts: int = 8
@@ -65,8 +70,9 @@ class ReplayConfig:
                                   "grow with length); use float32, float16 or bfloat16")
             if dtype not in STATE_DTYPES:
                 raise ConfigError(f"{name}: unknown dtype {dtype!r}; use one of {sorted(STATE_DTYPES)}")
-        if self.record_dtype != "float32":
-            raise ConfigError("record_dtype: only float32 records are supported (cumulative decays must stay FP32)")
+        if self.record_dtype not in RECORD_DTYPES:
+            raise ConfigError(f"record_dtype: {self.record_dtype!r}; use float32, or bfloat16 (record fields computed "
+                              "from one bf16 token input keep its bits; writes and cumulative decays stay FP32)")
 
     @property
     def capacity(self) -> int:

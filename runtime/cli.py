@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
     p.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
+    p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: records keep the bits of the bf16 token inputs a key or decay vector is computed from")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
     p.add_argument("old")

@@ -51,12 +51,14 @@ if __name__ == "__main__":
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
                        LaunchConfig(4, 4, eager_records=True, register_writes=True)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
-    # bf16 tokens: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
+    # bf16 tokens, records of bf16: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
     # K = 64, 6 and 33 stage them 16, 4 and 2 bytes at a time
+    raw = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")
     for name in ("gdn", "kda"):
-        exercise(name, ModelShape(4, 2, 40, 64), ReplayConfig(window=4, max_drafts=3), token_dtype="bfloat16")
-        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), token_dtype="bfloat16",
+        exercise(name, ModelShape(4, 2, 40, 64), raw, token_dtype="bfloat16")
+        exercise(name, ModelShape(4, 2, 60, 64), raw, token_dtype="bfloat16",
                  launch=LaunchConfig(4, 4, eager_records=True, register_writes=True))
-    exercise("kda", ModelShape(2, 1, 8, 6), ReplayConfig(window=2, max_drafts=2), token_dtype="bfloat16")
-    exercise("gdn", ModelShape(2, 1, 8, 33), ReplayConfig(window=2, max_drafts=2), token_dtype="bfloat16")
+    raw2 = ReplayConfig(window=2, max_drafts=2, record_dtype="bfloat16")
+    exercise("kda", ModelShape(2, 1, 8, 6), raw2, token_dtype="bfloat16")
+    exercise("gdn", ModelShape(2, 1, 8, 33), raw2, token_dtype="bfloat16")
     print("sanitize_small: all kernels ran")

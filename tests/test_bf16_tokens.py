@@ -27,6 +27,7 @@ from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
 from twin import ReplayTwin, to_host
 
 SHAPE, CONFIG = ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
+RAW = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")  # records keep the bf16 inputs' bits
 BUILTINS = sorted(variants.BUILTINS)
 
 
@@ -81,16 +82,16 @@ def test_random_tokens_of_a_bf16_declaration_hold_bf16_values(name):
 # --- the CPU backend ---------------------------------------------------------------------------------
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(BUILTINS), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 12),
-       as_bits=st.booleans())
-def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(name, seed, steps, as_bits):
+       as_bits=st.booleans(), config=st.sampled_from((CONFIG, RAW)))
+def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(name, seed, steps, as_bits, config):
     """Floats are rounded on entry (or given as raw bits): the same outputs as the float32 declaration
-    given the rounded values, through steps, verify and commit, although the bf16 one keeps its keys
-    (and decay vectors) as the raw inputs and recomputes them (its decays' running sums may round
-    apart in the last float64 place)."""
+    given the rounded values, through steps, verify and commit, also where the bf16 one keeps its keys
+    (and decay vectors) as the raw inputs and recomputes them (``record_dtype="bfloat16"``: its
+    decays' running sums may round apart in the last float64 place)."""
     rng = np.random.default_rng(seed)
     params = random_params(variants.get(name), SHAPE, rng)
     plain = CpuReplayCache(variants.get(name), SHAPE, CONFIG, slots=2, params=params)
-    half = CpuReplayCache(bf16(name), SHAPE, CONFIG, slots=2, params=params)
+    half = CpuReplayCache(bf16(name), SHAPE, config, slots=2, params=params)
     for i in range(steps):
         toks = random_tokens(variants.get(name), SHAPE, rng, (2,) if i % 3 else (2, 3))
         rounded = {k: round_to_bfloat16(v).astype(np.float64) for k, v in toks.items()}
@@ -146,11 +147,11 @@ def test_bf16_tokens_are_raw_bits_widened_where_read():
 @pytest.mark.parametrize("name,raw", [("kda", {"key": "k", "decay": "g_raw"}), ("gla", {"key": "k", "decay": "gk"}),
                                       ("gdn", {"key": "k"}), ("mamba2", {"key": "B"}), ("retnet", {"key": "k"})])
 def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone(name, raw):
-    """Keys and decay vectors computed from one bf16 K-vector token input are recorded as its bits
-    (half the bytes, exact) and recomputed where read; a scalar decay, a float32 input, or a field
-    that reads two token inputs keeps the float32 field."""
-    program = lower(bf16(name), SHAPE, CONFIG)
-    assert {f: s.name for f, s in raw_record_inputs(program.declaration).items()} == raw
+    """With ``record_dtype="bfloat16"``, keys and decay vectors computed from one bf16 K-vector token
+    input are recorded as its bits (half the bytes, exact) and recomputed where read; a scalar decay,
+    a float32 input, or a field that reads two token inputs keeps the float32 field."""
+    program = lower(bf16(name), SHAPE, RAW)
+    assert {f: s.name for f, s in raw_record_inputs(program.declaration, RAW).items()} == raw
     types = dict((name, ctype) for ctype, name in kernel_arguments(program))
     for field, buffer in RECORD_FIELDS.items():
         if buffer in types:
@@ -161,9 +162,11 @@ def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone
     # staged by the replay step (eagerly and once the fill is known), verify, flush_for_verify, flush, materialize
     assert src.count("stage_bf16_records(sh_") == 6 * len(raw)
     assert ("records kept as raw bf16 inputs, widened" in src) and ("raw_record_element" in src)
-    assert raw_record_inputs(variants.get(name)) == {}  # float32 tokens: float32 records
+    assert raw_record_inputs(variants.get(name), RAW) == {}  # float32 tokens: float32 records
     value = "x" if name == "mamba2" else "v"
-    assert raw_record_inputs(bf16(name, [value])) == {}  # the key's and decay's inputs still float32
+    assert raw_record_inputs(bf16(name, [value]), RAW) == {}  # the key's and decay's inputs still float32
+    assert raw_record_inputs(bf16(name), CONFIG) == {}  # float32 records unless asked
+    assert "stage_bf16_records(sh_" not in render_program(lower(bf16(name), SHAPE, CONFIG))
 
 
 @pytest.mark.nvrtc
@@ -175,7 +178,8 @@ def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone
 def test_bf16_token_kernels_compile_for_sm90_without_spills(name, shape, batch):
     """Raw records of K = 128, 100, 96, 6 and 33 elements (copies of 16, 8, 8, 4 bytes and one element)."""
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
-    result = compile_cubin(render_program(lower(bf16(name), shape, ReplayConfig()), choose_launch(shape, batch)))
+    config = ReplayConfig(record_dtype="bfloat16")
+    result = compile_cubin(render_program(lower(bf16(name), shape, config), choose_launch(shape, batch)))
     assert len(result.resources) == 10, result.log
     for kernel, res in result.resources.items():
         assert res.clean, f"{kernel}: {res}\n{result.log}"
@@ -188,11 +192,14 @@ def cuda_cache():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("record_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["kda", "gdn", "mamba2", "gla"])
-def test_gpu_bf16_tokens_match_the_float64_recurrence(name):
+def test_gpu_bf16_tokens_match_the_float64_recurrence(name, record_dtype):
     """Steps (a flush every L), verify and commit of every count, materialize: against the float64
-    plain recurrence on the same bf16 values, FP32 state tolerance."""
-    twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 80, 96), ReplayConfig(window=8, max_drafts=4),
+    plain recurrence on the same bf16 values, FP32 state tolerance, with float32 records and with
+    records that keep the bf16 inputs' bits."""
+    config = ReplayConfig(window=8, max_drafts=4, record_dtype=record_dtype)
+    twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 80, 96), config,
                       np.random.default_rng(3), slots=3, tol=2e-4)
     twin.load([0, 2])
     for i in range(30):
@@ -209,7 +216,8 @@ def test_gpu_bf16_records_stay_within_tolerance_over_a_long_run(name):
     """400 steps at L = 16 (25 flushes), a verify of 8 drafts with a commit every 7 steps, the
     checkpoints materialised every 50: the raw bf16 records recomputed in the kernels keep every
     output within the FP32 tolerance of the float64 recurrence on the same bf16 inputs."""
-    twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 64, 128), ReplayConfig(window=16, max_drafts=8),
+    twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 64, 128),
+                      ReplayConfig(window=16, max_drafts=8, record_dtype="bfloat16"),
                       np.random.default_rng(11), slots=2, tol=2e-4)
     twin.load([0, 1])
     for i in range(400):

@@ -315,10 +315,10 @@ def test_unknown_state_dtype(dtype):
         ReplayConfig(state_dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_records_must_be_float32(dtype):
-    with raises(ConfigError, "record_dtype:", "float32"):
-        ReplayConfig(record_dtype=dtype)
+def test_records_are_float32_or_keep_bf16_inputs():
+    with raises(ConfigError, "record_dtype:", "'float16'", "float32, or bfloat16"):
+        ReplayConfig(record_dtype="float16")
+    assert ReplayConfig(record_dtype="bfloat16").record_dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("drafts", [0, 9, -1, 100, 2.0, None])
