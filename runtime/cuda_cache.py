@@ -142,6 +142,13 @@ class CudaReplayCache(ReplayCacheBase):
             raise InputError(f"{name}: must be C-contiguous, got strides {dev.strides}")
         return dev
 
+    def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
+        """The shared checks, then every token as its kernels read it (``_device_token``: device, dtype,
+        layout), so a token the kernels cannot take raises here, before any launch: verify launches
+        ``flush_for_verify`` before the kernel that reads the tokens."""
+        checked = super()._check_tokens(tokens, rows, t)
+        return {name: self._device_token(name, value) for name, value in checked.items()}
+
     def _device_token(self, name: str, value):
         """Token input ``name`` as its kernels read it: float32, or raw bf16 bits (``uint16``) where the
         declaration says bf16. Those accept raw bits (``uint16``/``int16``, e.g. a torch bf16 tensor's

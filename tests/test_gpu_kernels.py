@@ -236,6 +236,30 @@ def _step_tokens(cp, decl, shape, rng) -> dict:
     return {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
 
 
+@pytest.mark.parametrize("bf16_tokens", [False, True])
+def test_gpu_a_token_the_kernels_cannot_take_fails_before_verify_folds(bf16_tokens):
+    """A device token of a dtype the kernels do not read (float64) raises InputError naming it before
+    any launch: verify would otherwise fold the full buffers into the checkpoint (flush_for_verify)
+    and then stop, leaving the fill counting records already folded in."""
+    import cupy as cp
+    from replayssm_dsl.errors import InputError
+    decl = variants.get("gdn").with_token_dtype("bfloat16") if bf16_tokens else variants.get("gdn")
+    shape, config = ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(21)
+    cache = cuda_cache()(decl, shape, config, slots=2, params=random_params(decl, shape, rng))
+    cache.load([0, 1], random_state(shape, rng, (2,)).astype(np.float32))
+    for _ in range(3):  # fill 3 (a step at fill 3 would flush: window 4)
+        cache.step([0, 1], random_tokens(decl, shape, rng, (2,)))
+    toks = random_tokens(decl, shape, rng, (2, 3))
+    cache.verify([0, 1], toks, [3, 3])
+    cache.commit([3, 3])  # fill 6: the next verify of 3 must fold (6 + 3 > 7)
+    before = buffers_snapshot(cache)
+    bad = {k: cp.asarray(v) for k, v in random_tokens(decl, shape, rng, (2, 3)).items()}  # float64
+    with pytest.raises(InputError, match=r"tokens\['q'\]"):
+        cache.verify([0, 1], bad, [3, 3])
+    assert_buffers_kept(cp, cache, before, "after a refused verify")
+
+
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 def test_gpu_rows_outside_the_cache_touch_nothing(name):
     """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger
