@@ -34,7 +34,14 @@ def _shape(args) -> ModelShape:
 
 
 def _config(args) -> ReplayConfig:
-    return ReplayConfig(window=args.window, max_drafts=args.max_drafts, state_dtype=args.state_dtype)
+    return ReplayConfig(window=args.window, max_drafts=args.max_drafts, state_dtype=args.state_dtype,
+                        record_dtype=args.record_dtype)
+
+
+def _declaration(name: str, args):
+    """The built-in ``name``, its token inputs arriving as ``--token-dtype``."""
+    decl = variants.get(name)
+    return decl if args.token_dtype == "float32" else decl.with_token_dtype(args.token_dtype)
 
 
 def cmd_variants(args) -> int:
@@ -46,7 +53,7 @@ def cmd_variants(args) -> int:
 
 
 def cmd_show(args) -> int:
-    decl = variants.get(args.name)
+    decl = _declaration(args.name, args)
     print(decl.describe())
     print()
     print(lower(decl, _shape(args), _config(args)).pretty())
@@ -55,7 +62,7 @@ def cmd_show(args) -> int:
 
 def cmd_traffic(args) -> int:
     p = preset(args.preset)
-    program = lower(variants.get(args.variant or p.variant), p.shape, _config(args))
+    program = lower(_declaration(args.variant or p.variant, args), p.shape, _config(args))
     E, R, B = p.shape.state_elements, record_bytes(program), args.batch
     per_step = B * p.shape.heads / 1e6
     formulas = design_formulas(program)
@@ -83,7 +90,7 @@ def cmd_traffic(args) -> int:
 def cmd_check(args) -> int:
     from .selfcheck import TOLERANCE, decode_and_compare
 
-    report = decode_and_compare(variants.get(args.name), _shape(args), _config(args), backend=args.backend,
+    report = decode_and_compare(_declaration(args.name, args), _shape(args), _config(args), backend=args.backend,
                                 tokens=args.steps, seed=args.seed)
     print(report.summary())
     return 0 if report.worst <= TOLERANCE else 1
@@ -93,7 +100,7 @@ def cmd_emit(args) -> int:
     from replayssm_dsl.lowering.render_cuda import render_program
 
     p = preset(args.preset)
-    decl = variants.get(args.name)
+    decl = _declaration(args.name, args)
     program = lower(decl, p.shape, _config(args))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--window", type=int, default=16, help="replay window L (default 16)")
         p.add_argument("--max-drafts", type=int, default=8, help="most drafts T per verify (default 8)")
         p.add_argument("--state-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+        p.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="how every token input arrives (bfloat16: the kernels read raw bf16 bits)")
+        p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="bfloat16: records keep the bits of the bf16 token input a key or decay vector is computed from")
 
     sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
     p = sub.add_parser("show", help="print a declaration and its lowered plans")

@@ -265,3 +265,18 @@ def test_gpu_a_bf16_token_of_another_dtype_is_refused_naming_it():
     with pytest.raises(InputError, match=r"tokens\['k'\]: declared bfloat16.*got float64"):
         cache.step([0], dict(toks, k=toks["k"].astype(cp.float64)))
     assert (cache.fills() == 0).all()
+
+
+# --- the command line ------------------------------------------------------------------------------------
+def test_cli_takes_the_token_and_record_dtypes(capsys):
+    """``traffic`` shows the smaller records (KDA: 1,024 bytes per value head instead of 1,536) and
+    still agrees with DESIGN.md's formulas; ``check`` decodes a bf16 declaration against the oracle."""
+    from replayssm_dsl.runtime import cli
+    assert cli.main(["traffic", "--preset", "kimi-linear", "--token-dtype", "bfloat16", "--record-dtype", "bfloat16"]) == 0
+    text = capsys.readouterr().out
+    assert "record R=1024 B per value head" in text and "-> agree" in text
+    assert cli.main(["traffic", "--preset", "kimi-linear", "--token-dtype", "bfloat16"]) == 0
+    assert "record R=1536 B per value head" in capsys.readouterr().out  # bf16 tokens alone: float32 records
+    assert cli.main(["check", "kda", "--backend", "cpu", "--steps", "24", "--token-dtype", "bfloat16",
+                     "--record-dtype", "bfloat16"]) == 0
+    assert "(ok, tolerance" in capsys.readouterr().out
