@@ -148,7 +148,11 @@ def _on_torch_stream(c: TorchReplayCache):
 
 
 def _named(c: TorchReplayCache, tokens) -> dict:
-    return {name: t.contiguous() if c.device.type == "cuda" else _numpy(t) for name, t in zip(c.token_names, tokens)}
+    """Tokens by name: CUDA tensors as they are (bf16 ones too: the cache reads their bits), CPU ones
+    as NumPy (a bf16 tensor as the float32 values of its bf16, which NumPy cannot hold)."""
+    def host(t):
+        return _numpy(t.float() if t.dtype == torch.bfloat16 else t)
+    return {name: t.contiguous() if c.device.type == "cuda" else host(t) for name, t in zip(c.token_names, tokens)}
 
 
 @torch.library.custom_op("replayssm::step", mutates_args=("state",))

@@ -162,3 +162,25 @@ def test_load_refuses_a_state_of_the_wrong_shape_or_dtype(states, message):
                                          r"cpu, " + message):
         torch.ops.replayssm.load(tc.key, tc.state, idx, idx, states)
     assert torch.equal(before, tc.state[0])
+
+
+def test_bf16_token_tensors_go_through_the_operators():
+    """A declaration whose tokens arrive as bf16 takes torch bf16 tensors as they are; the outputs equal
+    the cache's on the same values (and with records that keep the bf16 inputs)."""
+    decl = variants.get("kda").with_token_dtype("bfloat16")
+    config = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")
+    rng = np.random.default_rng(4)
+    params = random_params(decl, SHAPE, rng)
+    tc = TorchReplayCache(decl, SHAPE, config, slots=2, params=params)
+    ref = CpuReplayCache(decl, SHAPE, config, slots=2, params=params, precision="float32")
+    states = random_state(SHAPE, rng, (2,)).astype(np.float32)
+    idx = torch.arange(2, dtype=torch.int32)
+    torch.ops.replayssm.load(tc.key, tc.state, idx, idx, torch.tensor(states))
+    ref.load([0, 1], states)
+    for _ in range(6):
+        toks = random_tokens(decl, SHAPE, rng, (2,))
+        bf = {k: torch.tensor(v, dtype=torch.float32).to(torch.bfloat16) for k, v in toks.items()}
+        out = torch.ops.replayssm.step(tc.key, tc.state, idx, idx, idx, tc.tokens(bf))
+        want = ref.step([0, 1], toks)
+        assert np.isfinite(out.numpy()).all()
+        np.testing.assert_array_equal(out.numpy(), want)
