@@ -143,7 +143,7 @@ take ``8x16/r80/s11/w``)."""
 def table_key(program, rows: int, group: str = "replay") -> str:
     s, c = program.shape, program.config
     return (f"v{TUNING_VERSION}|{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
-            f"{c.window},{c.max_drafts},{c.state_dtype}|{rows}" + ("" if group == "replay" else f"|{group}"))
+            f"{c.window},{c.max_drafts},{c.state_dtype},{c.record_dtype}|{rows}" + ("" if group == "replay" else f"|{group}"))
 
 
 def load_table() -> dict:

@@ -22,7 +22,7 @@ from replayssm_dsl.errors import ConfigError, InputError
 from replayssm_dsl.lowering.lower import lower
 
 from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_accepted, check_array, check_drafts, check_pages,
-                         check_slots, dtype_name)
+                         check_slots, dtype_name, is_device_array)
 
 
 class ReplayCacheBase:
@@ -85,6 +85,9 @@ class ReplayCacheBase:
             value, dtypes = tokens[spec.name], FLOAT_DTYPES
             if spec.dtype == "bfloat16":
                 dtypes = FLOAT_DTYPES + BF16_BITS_DTYPES
+                if not is_device_array(value):  # a host array of any kind (a CPU torch tensor: NumPy holds no bf16)
+                    torch_bf16 = dtype_name(value) == "bfloat16" and hasattr(value, "float")
+                    value = np.asarray(value.float() if torch_bf16 else value)
                 if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
                     value = (from_bfloat16_bits(value) if dtype_name(value) in BF16_BITS_DTYPES
                              else round_to_bfloat16(value))

@@ -10,6 +10,8 @@ take device-resident int32 batch arrays and do no host work at all.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from replayssm_dsl.errors import InputError, LoweringError
@@ -21,15 +23,17 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 from .cache_base import ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
 from .cuda_module import CompiledProgram, _cupy
-from .validation import BF16_BITS_DTYPES, dtype_name
+from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, dtype_name
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
 
 
 def _bfloat16_bits(cp, values):
     """float32 device values → raw bf16 bits, round-to-nearest-even (``bfloat16_bits`` on the device)."""
-    bits = cp.ascontiguousarray(values, dtype=cp.float32).view(cp.uint32)
-    return ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+    values = cp.ascontiguousarray(values, dtype=cp.float32)
+    bits = values.view(cp.uint32)
+    rounded = ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+    return cp.where(cp.isnan(values), cp.uint16(0x7FC0), rounded)  # a NaN stays a NaN
 
 
 def device_tokens(cp, decl, tokens: dict) -> dict:
@@ -149,24 +153,30 @@ class CudaReplayCache(ReplayCacheBase):
         checked = super()._check_tokens(tokens, rows, t)
         return {name: self._device_token(name, value) for name, value in checked.items()}
 
-    def _device_token(self, name: str, value):
+    def _device_token(self, name: str, value, convert: bool = True):
         """Token input ``name`` as its kernels read it: float32, or raw bf16 bits (``uint16``) where the
         declaration says bf16. Those accept raw bits (``uint16``/``int16``, e.g. a torch bf16 tensor's
-        ``.view(torch.int16)``), a torch bf16 tensor itself, or float32 values (rounded to bf16 here)."""
+        ``.view(torch.int16)``), a torch bf16 tensor itself, host floats, and with ``convert`` (the
+        checked calls, not the graph-capturable ``launch_*``, whose launches must not allocate) float32
+        device values, rounded to bf16 on this cache's stream."""
         label = f"tokens[{name!r}]"
         if self.decl.input(name).dtype != "bfloat16":
             return self._device(value, label)
         cp = self.cp
-        if isinstance(value, np.ndarray):  # the host check left the float32 values of its bf16
-            return cp.asarray(bfloat16_bits(value))
         if dtype_name(value) == "bfloat16" and hasattr(value, "view"):  # torch: no CUDA array interface for bf16
             import torch
             value = value.view(torch.int16)
         dtype = dtype_name(value)
         if dtype in BF16_BITS_DTYPES:
             return self._device(value, label, np.dtype(dtype)).view(cp.uint16)
+        if isinstance(value, np.ndarray) and dtype in FLOAT_DTYPES:  # host floats: their bf16 bits
+            return cp.asarray(bfloat16_bits(value))
+        if dtype == "float32" and convert:
+            with self.stream if self.stream is not None else contextlib.nullcontext():
+                return _bfloat16_bits(cp, self._device(value, label))
         if dtype == "float32":
-            return _bfloat16_bits(cp, self._device(value, label))
+            raise InputError(f"{label}: declared bfloat16; launch_step and launch_verify take a bf16 tensor or its "
+                             "raw bits (uint16 or int16), not float32 (no conversion inside a capturable launch)")
         raise InputError(f"{label}: declared bfloat16; pass float32 values, a bf16 tensor or its raw bits "
                          f"(uint16 or int16), got {dtype}")
 
@@ -184,7 +194,7 @@ class CudaReplayCache(ReplayCacheBase):
 
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
-        toks = {name: self._device_token(name, value) for name, value in (tokens or {}).items()}
+        toks = {name: self._device_token(name, value, convert=False) for name, value in (tokens or {}).items()}
         t_tok = self._launch_tokens(toks, t_tok)
         named = {**self.buffers}
         for name, value in arrays.items():

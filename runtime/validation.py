@@ -114,6 +114,11 @@ def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_va
     return array
 
 
+def is_device_array(array) -> bool:
+    """Whether ``array`` lives on a GPU (CuPy, a torch CUDA tensor, anything with a CUDA array interface)."""
+    return _device_of(array) == "cuda"
+
+
 def _device_of(array) -> str:
     if isinstance(array, np.ndarray):
         return "cpu"

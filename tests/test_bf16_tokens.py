@@ -122,6 +122,22 @@ def test_bad_bf16_tokens_are_refused_before_any_state_changes():
     assert (cache.fills() == 0).all()
 
 
+def test_cpu_torch_tensors_of_bf16_values_or_bits_equal_numpy_floats():
+    torch = pytest.importorskip("torch")
+    decl = bf16("kda")
+    params = random_params(decl, SHAPE, np.random.default_rng(0))
+    toks = random_tokens(decl, SHAPE, np.random.default_rng(1), (2,))
+    forms = {"numpy floats": toks,
+             "torch bf16": {k: torch.tensor(v, dtype=torch.float32).to(torch.bfloat16) for k, v in toks.items()},
+             "torch int16 bits": {k: torch.tensor(v, dtype=torch.float32).to(torch.bfloat16).view(torch.int16)
+                                  for k, v in toks.items()},
+             "numpy uint16 bits": {k: bfloat16_bits(v) for k, v in toks.items()}}
+    outs = {form: CpuReplayCache(decl, SHAPE, CONFIG, slots=2, params=params).step([0, 1], given_)
+            for form, given_ in forms.items()}
+    for form, out in outs.items():
+        assert np.isfinite(out).all() and np.array_equal(out, outs["numpy floats"]), form
+
+
 def test_raw_bits_are_refused_for_a_float32_token():
     decl = variants.get("gdn")
     cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=1, params=random_params(decl, SHAPE, np.random.default_rng(0)))
@@ -254,6 +270,30 @@ def test_gpu_bf16_tokens_as_floats_bits_and_torch_tensors_give_the_same_outputs(
     first = next(iter(outs.values()))
     for form, out in outs.items():
         assert np.array_equal(out, first), form
+
+
+@pytest.mark.gpu
+def test_gpu_capturable_launches_take_bf16_bits_and_refuse_float32():
+    """``launch_step`` converts nothing (a conversion would allocate inside a captured graph): bf16
+    tensors, device bits and host bits give the eager step's outputs; float32 device values raise."""
+    import cupy as cp
+    decl = bf16("gdn")
+    rng = np.random.default_rng(8)
+    params = random_params(decl, SHAPE, rng)
+    toks = {k: v[:, None] for k, v in random_tokens(decl, SHAPE, rng, (2,)).items()}
+    eager = cuda_cache()(decl, SHAPE, CONFIG, slots=2, params=params)
+    want = to_host(eager.step([0, 1], {k: v[:, 0] for k, v in toks.items()}))
+    batch = {k: cp.asarray(v) for k, v in eager._batch([0, 1]).items()}
+    for given_ in ({k: cp.asarray(bfloat16_bits(v)) for k, v in toks.items()}, {k: bfloat16_bits(v) for k, v in toks.items()}):
+        cache = cuda_cache()(decl, SHAPE, CONFIG, slots=2, params=params)
+        out = cache.poisoned((2, 1, SHAPE.heads, SHAPE.v_dim))
+        cache.launch_step(batch, given_, out)
+        assert np.array_equal(to_host(out)[:, 0], want)
+    cache = cuda_cache()(decl, SHAPE, CONFIG, slots=2, params=params)
+    with pytest.raises(InputError, match=r"tokens\['q'\]: declared bfloat16; launch_step"):
+        cache.launch_step(batch, {k: cp.asarray(v, cp.float32) for k, v in toks.items()},
+                          cache.poisoned((2, 1, SHAPE.heads, SHAPE.v_dim)))
+    assert (cache.fills() == 0).all()
 
 
 @pytest.mark.gpu
