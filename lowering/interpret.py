@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replayssm_dsl.bfloat16 import round_to_bfloat16
 from replayssm_dsl.evaluate import evaluate, evaluate_fields
 
 from .buffer_rules import step_flushes, verify_flushes
@@ -24,9 +25,7 @@ def round_to_storage(x: np.ndarray, dtype: str, compute: np.dtype) -> np.ndarray
     if dtype == "float16":
         return x.astype(np.float16).astype(compute)
     if dtype == "bfloat16":
-        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000))
-        return rounded.view(np.float32).astype(compute)
+        return round_to_bfloat16(x).astype(compute)
     if dtype == "float32" and compute == np.float32:
         return x.astype(np.float32)
     return x.astype(compute)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def bfloat16_bits(values) -> np.ndarray:
-    """Raw bf16 bits (``uint16``) of ``values``, rounded to nearest, ties to even; NaN stays NaN."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = np.isnan(np.asarray(values, dtype=np.float32))
-    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
+def bfloat16_bits(values, xp=np):
+    """Raw bf16 bits (``uint16``) of ``values``, rounded to nearest, ties to even; NaN stays NaN.
+    ``xp``: the array module that holds ``values`` (NumPy, or CuPy for device arrays)."""
+    values = xp.ascontiguousarray(values, dtype=xp.float32)
+    bits = values.view(xp.uint32)
+    rounded = ((bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) >> 16).astype(xp.uint16)
+    return xp.where(xp.isnan(values), xp.uint16(0x7FC0), rounded).astype(xp.uint16)
 
 
 def from_bfloat16_bits(bits) -> np.ndarray:

@@ -28,14 +28,6 @@ from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, dtype_name
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
 
 
-def _bfloat16_bits(cp, values):
-    """float32 device values → raw bf16 bits, round-to-nearest-even (``bfloat16_bits`` on the device)."""
-    values = cp.ascontiguousarray(values, dtype=cp.float32)
-    bits = values.view(cp.uint32)
-    rounded = ((bits + cp.uint32(0x7FFF) + ((bits >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
-    return cp.where(cp.isnan(values), cp.uint16(0x7FC0), rounded)  # a NaN stays a NaN
-
-
 def device_tokens(cp, decl, tokens: dict) -> dict:
     """Host token arrays → device arrays in the dtype the kernels read (float32, or raw bf16 bits for
     inputs declared bf16), so a captured graph launches the kernels alone (no conversion on the way)."""
@@ -173,7 +165,7 @@ class CudaReplayCache(ReplayCacheBase):
             return cp.asarray(bfloat16_bits(value))
         if dtype == "float32" and convert:
             with self.stream if self.stream is not None else contextlib.nullcontext():
-                return _bfloat16_bits(cp, self._device(value, label))
+                return bfloat16_bits(self._device(value, label), xp=cp)
         if dtype == "float32":
             raise InputError(f"{label}: declared bfloat16; launch_step and launch_verify take a bf16 tensor or its "
                              "raw bits (uint16 or int16), not float32 (no conversion inside a capturable launch)")
@@ -228,7 +220,7 @@ class CudaReplayCache(ReplayCacheBase):
         cp = self.cp
         if self.config.state_dtype != "bfloat16":
             return values.astype(STORAGE[self.config.state_dtype])
-        return _bfloat16_bits(cp, values)
+        return bfloat16_bits(values, xp=cp)
 
     def _store_conventional(self, batch, states):
         states = self._device(states, "states")
