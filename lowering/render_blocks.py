@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Kernel
-from .render_expr import ExprRenderer, input_element, input_load
+from .render_expr import ExprRenderer, input_load
 
 
 # --- the facts a kernel template needs, read off its statements -----------------------------------
@@ -268,85 +268,6 @@ def epilogue(decl) -> list[str]:
         lines.append(f"o += {row_field(decl, 'skip')};")
     if row_field(decl, "gate"):
         lines.append(f"o *= {row_field(decl, 'gate')};")
-    return lines
-
-
-def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = False) -> list[str]:
-    """Start the asynchronous copies of the buffer's first ``count`` keys (and decays; ``raw``: the fields
-    kept as raw bf16 inputs, ``raw_record_inputs``) and of the write
-    records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them); with
-    ``writes_in_registers`` the write records go straight into each warp's ``wv`` instead (declared
-    before: ``load_record_rows_global``)."""
-    khead = "hk" if decl.key_level == "group" else "hv"
-    wide = "VEC == 4"
-    keys = f"rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K"
-    lines = [f"stage_bf16_records(sh_key, {keys}, {count}, tid);" if "key" in raw
-             else f"stage_floats<{wide}>(sh_key, {keys}, {count} * K, tid);"]
-    if decl.decay_form == "scalar":
-        lines.append(f"stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, {count}, tid);")
-    elif "decay" in raw:
-        lines.append(f"stage_bf16_records(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, {count}, tid);")
-    elif decl.decay_form == "vector":
-        lines.append(f"stage_floats<{wide}>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, {count} * K, tid);")
-    head_writes = "rec_write + ((size_t)slot * HV + hv) * CAPACITY * V"
-    if writes_in_registers:
-        lines.append(f"load_record_rows_global(wv, {head_writes}, v0, warp, lane, {count});")
-    else:
-        lines.append(f"stage_writes(sh_w, {head_writes}, {count}, v0, tid);")
-    return lines
-
-
-RAW_ARRAYS = {"key": "sh_key", "decay": "sh_G"}  # where a record field's raw input is staged, and its floats go
-
-
-def widen_records(decl, raw: dict, count: str = "n") -> list[str]:
-    """Records kept as raw bf16 inputs (``raw_record_inputs``), staged by ``stage_bf16_records``: one
-    warp per record reads its raw elements into registers, then (``__syncwarp``: they share the
-    record's floats) computes the field from them as the fields do for a token and stores it, the key
-    to ``sh_key``, a decay vector's per-record log-decay to ``sh_G`` (the running sums come after a
-    barrier: ``prefix_decays``, or the cumulate phase). Nothing when no field is kept raw."""
-    if not raw:
-        return []
-    ex = decl.expressions()
-    sources = {spec.name: f"raw_{spec.name}" for spec in raw.values()}
-    r = ExprRenderer(decl, "w", sources=sources)
-    loads, stores = [], []
-    for field, spec in raw.items():
-        loads.append(f"float raw_{spec.name}[KE];")
-        loads += ["#pragma unroll",
-                  f"for (int i = 0; i < KE; ++i) {{ const int e = k_index(i, lane); "
-                  f"raw_{spec.name}[i] = e < K ? raw_record_element({RAW_ARRAYS[field]}, m, e) : 0.f; }}"]
-    for field in raw:
-        name = r.render(ex[field], "K")
-        stores.append(f"{RAW_ARRAYS[field]}[m * K + e] = {name}[i];")
-    body = loads + ["__syncwarp();  // the record's raw elements are read: its floats may overwrite them"] + r.lines
-    body += ["#pragma unroll", "for (int i = 0; i < KE; ++i) {", "    const int e = k_index(i, lane);",
-             "    if (e < K) { " + " ".join(stores) + " }", "}"]
-    return ([f"for (int m = warp; m < {count}; m += WARPS) {{  // records kept as raw bf16 inputs, widened"]
-            + ["    " + x for x in body] + ["}"])
-
-
-def prefix_decays(raw: dict, count: str = "n") -> list[str]:
-    """G_m = Σ_{m' ≤ m} g_{m'} in place in ``sh_G`` when the records keep the decay's raw input
-    (after ``widen_records`` and a barrier), in the order the steps that appended them summed."""
-    if "decay" not in raw:
-        return []
-    return ["for (int e = tid; e < K; e += THREADS) {  // the records' cumulative log-decays",
-            "    float acc = 0.f;",
-            f"    for (int m = 0; m < {count}; ++m) {{ acc += sh_G[m * K + e]; sh_G[m * K + e] = acc; }}",
-            "}"]
-
-
-def records_ready(decl, raw: dict, count: str = "n") -> list[str]:
-    """After ``load_records``: wait for the copies, and widen the records kept raw (then their decays'
-    running sums), each step behind a barrier, so ``sh_key`` and ``sh_G`` hold what the fold reads."""
-    lines = ["cp_async_wait();", "__syncthreads();"]
-    widen = widen_records(decl, raw, count)
-    if widen:
-        lines += widen + ["__syncthreads();"]
-    prefix = prefix_decays(raw, count)
-    if prefix:
-        lines += prefix + ["__syncthreads();"]
     return lines
 
 

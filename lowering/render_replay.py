@@ -20,9 +20,10 @@ from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
-                            fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, load_records, output_store,
+                            fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
-                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch, widen_records)
+                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
+from .render_records import load_records, record_decay_sums, widen_records
 
 
 def _cumulate(decl, raw: dict) -> list[str]:
@@ -30,14 +31,10 @@ def _cumulate(decl, raw: dict) -> list[str]:
     vector; with the decay's raw input in the records, ``raw``, their running sums first); the drafts'
     keys join the records' (sh_key[n + j]); the decayed query and key
     e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements)."""
-    if "decay" in raw:  # the records' decays widened, not summed: sum them here first
-        start, step = ("float acc = 0.f; for (int m = 0; m < n; ++m) { acc += sh_G[m * K + e]; sh_G[m * K + e] = acc; }", [
-            "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
-            "const float dec = expf(acc);"])
-    elif decl.decay_form == "vector":
-        start, step = "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;", [
-            "acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
-            "const float dec = expf(acc);"]
+    if decl.decay_form == "vector":  # records of raw decays: widened, not summed, so sum them here first
+        start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
+        step = ["acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
+                "const float dec = expf(acc);"]
     elif decl.decay_form == "scalar":
         start, step = "float acc = n ? sh_G[n - 1] : 0.f;", [
             "acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]
