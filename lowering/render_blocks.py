@@ -145,7 +145,7 @@ def fill_load_lines(f: Facts, copies_in_flight: str = "") -> list[str]:
         stop = f"{{ {copies_in_flight} return; }}" if copies_in_flight else "return;"
         lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) {stop}"]
     elif f.family != "copy":
-        lines.append("const int n = 0;")
+        lines.append("const int n = 0;  (void)n;  // no records")
     return lines + flush_rule_lines(f)
 
 
@@ -325,7 +325,7 @@ def fold_keys(decl, last: str, count: str) -> list[str]:
     if decl.decay_form == "none":
         return []
     lines = [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
-             "    const int m = x / K, e = x % K;",
+             "    const int m = x / K" + (", e = x % K;" if decl.decay_form == "vector" else ";"),
              f"    sh_key[x] *= {decay_between(decl, last, 'm')};",
              "}"]
     if decl.decay_form == "vector":
@@ -407,11 +407,12 @@ DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[
 
 
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
-                 writes: str = "static") -> list[str]:
+                 writes: str = "static", folds: bool = True) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
     drafts (verify on tensor cores rewrites them as fragments of that many columns); ``writes``: the
     write records ``sh_w`` in static shared memory, in ``dynamic`` shared memory (which lets the
-    static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers)."""
+    static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers);
+    ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``)."""
     tn = "TMAX" if drafts else "1"
     tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
@@ -430,6 +431,6 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
     if decl.decay_form == "scalar":
         lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":
-        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];"] if replay else [
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];" if folds else ""] if replay else [
             f"__shared__ __align__(16) float sh_g[{tn} * K];"]
     return [line for line in lines if line] + row_field_decls(decl, tn)

@@ -232,7 +232,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     raw = raw_record_inputs(decl, program.config)  # record fields kept as the token's raw bf16 input
     writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
     assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
-    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes)
+    body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes,
+                                  folds="fold_tokens" in f.stmts)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
         body += [DYNAMIC_SHARED,
                  "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(dynamic_shared);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",

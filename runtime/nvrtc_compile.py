@@ -35,6 +35,11 @@ class CompileResult:
     log: str
     resources: dict  # kernel name -> KernelResources
 
+    @property
+    def warnings(self) -> list[str]:
+        """The compiler's warning lines (generated sources compile without any)."""
+        return [line for line in self.log.splitlines() if "warning" in line]
+
 
 def parse_ptxas_report(log: str) -> dict:
     out, current, frame = {}, None, None

@@ -41,6 +41,7 @@ def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     result = compile_cubin(source(variant, shape, batch=batch), f"{variant}-{shape}.cu", "sm_90")
     assert sorted(result.resources) == sorted(KERNELS), result.log
+    assert not result.warnings, result.log
     for name, res in result.resources.items():
         assert res.clean, f"{name}: {res} (ptxas report:\n{result.log})"
         assert res.registers <= 128, f"{name}: {res.registers} registers"
@@ -82,6 +83,7 @@ def test_group_options_compile_without_spills(variant, shape):
                 continue
             built += 1
             assert sorted(result.resources) == sorted(group_kernels(program, group))
+            assert not result.warnings, result.log
             if (variant, launch.label) in OPTIONS_THAT_MAY_SPILL:  # where they spill, the tuner skips them
                 continue
             for name, res in result.resources.items():

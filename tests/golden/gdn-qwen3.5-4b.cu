@@ -508,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     if (warp == 3 % WARPS && lane == 0) prefetch_l1(tok_a + ((size_t)b * t_tok * HV + hv));
     if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    const int n = 0;
+    const int n = 0;  (void)n;  // no records
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -688,7 +688,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
-    const int n = 0;
+    const int n = 0;  (void)n;  // no records
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -1059,7 +1059,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     }
     if (flush) {
         for (int x = tid; x < (n + t) * K; x += THREADS) {
-            const int m = x / K, e = x % K;
+            const int m = x / K;
             sh_key[x] *= expf(sh_G[n + t - 1] - sh_G[m]);
         }
         __syncthreads();
@@ -1148,7 +1148,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     __syncthreads();
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
-            const int m = x / K, e = x % K;
+            const int m = x / K;
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
@@ -1616,7 +1616,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     load_record_rows(wv, sh_w, warp, lane, n);
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
-            const int m = x / K, e = x % K;
+            const int m = x / K;
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();
@@ -1802,7 +1802,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     load_record_rows(wv, sh_w, warp, lane, n);
     if (n > 0) {  // uniform per CTA
         for (int x = tid; x < (n) * K; x += THREADS) {
-            const int m = x / K, e = x % K;
+            const int m = x / K;
             sh_key[x] *= expf(sh_G[n - 1] - sh_G[m]);
         }
         __syncthreads();

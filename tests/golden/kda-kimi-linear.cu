@@ -508,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
     if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    const int n = 0;
+    const int n = 0;  (void)n;  // no records
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -702,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
-    const int n = 0;
+    const int n = 0;  (void)n;  // no records
     float s[RPW][KE];
     #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -1301,7 +1301,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
-    __shared__ float sh_ed[K];
     __shared__ float sh_value[TMAX * BV];
     if (warp == 0 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_q + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
     if (warp == 1 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_k + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
