@@ -34,8 +34,9 @@ def raw_record_input(decl, field: str):
 
 def raw_record_inputs(decl, config) -> dict:
     """``{field: InputSpec}`` of the record fields kept as raw bf16 inputs: with
-    ``config.record_dtype == "bfloat16"``, each field ``raw_record_input`` allows; none otherwise."""
+    ``config.record_dtype == "bfloat16"``, each field of ``config.raw_record_fields`` that
+    ``raw_record_input`` allows; none otherwise."""
     if config.record_dtype != "bfloat16":
         return {}
-    found = {field: raw_record_input(decl, field) for field in RECORD_FIELDS}
+    found = {field: raw_record_input(decl, field) for field in RECORD_FIELDS if field in config.raw_record_fields}
     return {field: spec for field, spec in found.items() if spec is not None}

@@ -15,6 +15,7 @@ STATE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 READ_ONLY_DTYPES = {"float8_e4m3": 1, "nvfp4": 0.5625}  # valid only for a low-precision read copy (later)
 DTYPE_BYTES = {**STATE_DTYPES, **READ_ONLY_DTYPES}
 RECORD_DTYPES = ("float32", "bfloat16")
+RAW_RECORD_FIELDS = ("key", "decay")  # record fields that record_dtype="bfloat16" may keep as a bf16 token input
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,15 @@ class ReplayConfig:
 
     ``record_dtype="bfloat16"``: a record's key (or decay vector) computed from one token input
     declared bf16 is kept as that input's bits, exact, and recomputed where read (half those bytes
-    and that memory; lowering/record_inputs.py); everything else in the records stays float32."""
+    and that memory; lowering/record_inputs.py); everything else in the records stays float32.
+    ``raw_record_fields`` names which of the two may be kept so (default both): ``("key",)`` keeps
+    the decays' cumulative sums in float32, so no kernel recomputes them."""
 
     window: int = 16
     max_drafts: int = 8
     state_dtype: str = "float32"
     record_dtype: str = "float32"
+    raw_record_fields: tuple = RAW_RECORD_FIELDS
 
     def __post_init__(self):
         if not isinstance(self.window, int) or self.window < 1:
@@ -73,6 +77,10 @@ class ReplayConfig:
         if self.record_dtype not in RECORD_DTYPES:
             raise ConfigError(f"record_dtype: {self.record_dtype!r}; use float32, or bfloat16 (record fields computed "
                               "from one bf16 token input keep its bits; writes and cumulative decays stay FP32)")
+        fields = self.raw_record_fields
+        if (not isinstance(fields, tuple) or not fields or len(set(fields)) != len(fields)
+                or any(f not in RAW_RECORD_FIELDS for f in fields)):
+            raise ConfigError(f"raw_record_fields: {fields!r}; use a tuple of distinct names out of {RAW_RECORD_FIELDS}")
 
     @property
     def capacity(self) -> int:

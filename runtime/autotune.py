@@ -142,8 +142,9 @@ take ``8x16/r80/s11/w``)."""
 
 def table_key(program, rows: int, group: str = "replay") -> str:
     s, c = program.shape, program.config
+    records = c.record_dtype if c.record_dtype == "float32" else f"{c.record_dtype}:{'+'.join(c.raw_record_fields)}"
     return (f"v{TUNING_VERSION}|{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
-            f"{c.window},{c.max_drafts},{c.state_dtype},{c.record_dtype}|{rows}" + ("" if group == "replay" else f"|{group}"))
+            f"{c.window},{c.max_drafts},{c.state_dtype},{records}|{rows}" + ("" if group == "replay" else f"|{group}"))
 
 
 def load_table() -> dict:

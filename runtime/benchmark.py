@@ -26,7 +26,7 @@ import numpy as np
 
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.bfloat16 import bfloat16_bits
-from replayssm_dsl.config import PRESETS
+from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS
 from replayssm_dsl.errors import InputError
 from replayssm_dsl.lowering.buffer_rules import verify_flushes
 from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
@@ -261,13 +261,14 @@ _GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conven
 _GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
 
 
-def preset_setup(name: str, token_dtype: str = "float32", record_dtype: str = "float32"):
+def preset_setup(name: str, token_dtype: str = "float32", record_dtype: str = "float32",
+                 raw_record_fields: tuple = RAW_RECORD_FIELDS):
     """A preset's declaration (its token inputs arriving as ``token_dtype``), shape, replay settings
-    (L = 16, T_max = 8, ``record_dtype``), seeded generator and parameters, as the benchmark (and the
+    (L = 16, T_max = 8, ``record_dtype``, ``raw_record_fields``), seeded generator and parameters, as the benchmark (and the
     measurement scripts) set them up."""
     p = PRESETS[name]
     decl, shape = variants.get(p.variant), p.shape
-    config = ReplayConfig(window=16, max_drafts=8, record_dtype=record_dtype)
+    config = ReplayConfig(window=16, max_drafts=8, record_dtype=record_dtype, raw_record_fields=raw_record_fields)
     if token_dtype != "float32":
         decl = decl.with_token_dtype(token_dtype)
     rng = np.random.default_rng(0)
@@ -284,12 +285,13 @@ def parse_kernels(text: str) -> tuple[str, ...]:
 
 
 def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # noqa: C901 - one measurement
-              token_dtype: str = "float32", record_dtype: str = "float32") -> dict:
+              token_dtype: str = "float32", record_dtype: str = "float32",
+              raw_record_fields: tuple = RAW_RECORD_FIELDS) -> dict:
     from .autotune import VERIFY_FEW_DRAFTS, tune_step
     from .cuda_cache import CudaReplayCache, device_tokens
 
     p = PRESETS[preset_name]
-    decl, shape, config, rng, params = preset_setup(preset_name, token_dtype, record_dtype)
+    decl, shape, config, rng, params = preset_setup(preset_name, token_dtype, record_dtype, raw_record_fields)
     groups = {g for k in kernels for g in _GROUPS.get(k, ())}
     tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in _GROUP_ORDER if g in groups}
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
@@ -304,6 +306,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     out1 = cp.empty((batch, 1, HV, V), cp.float32)
     prefix = {"replay": "", "verify": "ver ", "verify_few": f"ver{VERIFY_FEW_DRAFTS} ", "conventional": "conv "}
     res = {"preset": preset_name, "variant": p.variant, "B": batch, "token_dtype": token_dtype, "record_dtype": record_dtype,
+           **({"raw_record_fields": list(raw_record_fields)} if record_dtype != "float32" else {}),
            "launch": "; ".join(prefix[g] + launch.label for g, (launch, _) in tuned.items())}
     for g, (_, timings) in tuned.items():
         res[("" if g == "replay" else g + "_") + "tuning_ms"] = {k.label: v for k, v in timings.items()}
@@ -438,7 +441,8 @@ def main(args) -> int:
     t0 = time.time()
     for preset_name in presets:
         for batch in batches:
-            r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype, args.record_dtype)
+            r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype, args.record_dtype,
+                         tuple(f for f in args.raw_record_fields.split(",") if f))
             results.append(r)
             # rewritten after every row: a run cut short keeps what it measured
             (out / "results.json").write_text(json.dumps(results, indent=1))

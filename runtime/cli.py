@@ -35,7 +35,12 @@ def _shape(args) -> ModelShape:
 
 def _config(args) -> ReplayConfig:
     return ReplayConfig(window=args.window, max_drafts=args.max_drafts, state_dtype=args.state_dtype,
-                        record_dtype=args.record_dtype)
+                        record_dtype=args.record_dtype, raw_record_fields=_raw_record_fields(args))
+
+
+def _raw_record_fields(args) -> tuple:
+    """``--raw-record-fields``: comma-separated record fields (key, decay) that bf16 records keep raw."""
+    return tuple(f for f in args.raw_record_fields.split(",") if f)
 
 
 def _declaration(name: str, args):
@@ -144,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how every token input arrives (bfloat16: the kernels read raw bf16 bits)")
         p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
                        help="bfloat16: records keep the bits of the bf16 token input a key or decay vector is computed from")
+        p.add_argument("--raw-record-fields", default="key,decay",
+                       help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
 
     sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
     p = sub.add_parser("show", help="print a declaration and its lowered plans")
@@ -182,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
     p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="bfloat16: records keep the bits of the bf16 token inputs a key or decay vector is computed from")
+    p.add_argument("--raw-record-fields", default="key,decay",
+                   help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
     p.add_argument("old")

@@ -66,17 +66,18 @@ def report(kernels: dict[str, list[str]], names=None, top: int = 10, resources=N
     return "\n".join(lines)
 
 
-def disassemble(preset_name: str, label: str, nvdisasm: str) -> tuple[str, dict]:
-    """nvdisasm's text of the program at that launch shape, and ptxas's resources per kernel."""
-    from replayssm_dsl import ReplayConfig, variants
-    from replayssm_dsl.config import preset
+def disassemble(preset_name: str, label: str, nvdisasm: str, token_dtype: str = "float32",
+                record_dtype: str = "float32", raw_record_fields: tuple = ("key", "decay")) -> tuple[str, dict]:
+    """nvdisasm's text of the program at that launch shape (the benchmark's settings for the preset),
+    and ptxas's resources per kernel."""
     from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.lowering.lower import lower
     from replayssm_dsl.lowering.render_cuda import render_program
+    from replayssm_dsl.runtime.benchmark import preset_setup
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
 
-    p = preset(preset_name)
-    program = lower(variants.get(p.variant), p.shape, ReplayConfig())
+    decl, shape, config, _, _ = preset_setup(preset_name, token_dtype, record_dtype, raw_record_fields)
+    program = lower(decl, shape, config)
     result = compile_cubin(render_program(program, LaunchConfig.from_label(label)), f"{preset_name}.cu")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(result.cubin)
@@ -92,6 +93,9 @@ def main() -> int:
                         "/e (eager records), /pN (verify's rows per pass): 8x8/r64/p4")
     parser.add_argument("--kernels", nargs="*", help="only these kernels (default: all)")
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="path of nvdisasm")
+    parser.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--raw-record-fields", default="key,decay", help="with --record-dtype bfloat16")
     args = parser.parse_args()
     from replayssm_dsl.lowering.launch import LaunchConfig
     try:
@@ -100,7 +104,8 @@ def main() -> int:
         parser.error(str(exc))
     if not args.nvdisasm:
         parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
-    text, resources = disassemble(args.preset, args.launch, args.nvdisasm)
+    text, resources = disassemble(args.preset, args.launch, args.nvdisasm, args.token_dtype, args.record_dtype,
+                                  tuple(f for f in args.raw_record_fields.split(",") if f))
     print(report(parse(text), args.kernels, resources=resources))
     return 0
 

@@ -28,6 +28,7 @@ from twin import ReplayTwin, to_host
 
 SHAPE, CONFIG = ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
 RAW = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")  # records keep the bf16 inputs' bits
+RAW_KEYS = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16", raw_record_fields=("key",))  # float32 decays
 BUILTINS = sorted(variants.BUILTINS)
 
 
@@ -82,7 +83,7 @@ def test_random_tokens_of_a_bf16_declaration_hold_bf16_values(name):
 # --- the CPU backend ---------------------------------------------------------------------------------
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(BUILTINS), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 12),
-       as_bits=st.booleans(), config=st.sampled_from((CONFIG, RAW)))
+       as_bits=st.booleans(), config=st.sampled_from((CONFIG, RAW, RAW_KEYS)))
 def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(name, seed, steps, as_bits, config):
     """Floats are rounded on entry (or given as raw bits): the same outputs as the float32 declaration
     given the rounded values, through steps, verify and commit, also where the bf16 one keeps its keys
@@ -185,6 +186,21 @@ def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone
     assert "stage_bf16_records(sh_" not in render_program(lower(bf16(name), SHAPE, CONFIG))
 
 
+@pytest.mark.parametrize("fields,raw", [(("key",), {"key": "k"}), (("decay",), {"decay": "g_raw"}),
+                                        (("key", "decay"), {"key": "k", "decay": "g_raw"})])
+def test_raw_record_fields_choose_which_fields_records_keep_raw(fields, raw):
+    """``raw_record_fields=("key",)`` keeps KDA's keys as the bf16 inputs and its cumulative decays in
+    float32 (no running sums recomputed where read); each choice renders its own kernels."""
+    config = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16", raw_record_fields=fields)
+    program = lower(bf16("kda"), SHAPE, config)
+    assert {f: s.name for f, s in raw_record_inputs(program.declaration, config).items()} == raw
+    assert program.buffer("rec_key").dtype == ("bfloat16" if "key" in raw else "float32")
+    assert program.buffer("rec_decay").dtype == ("bfloat16" if "decay" in raw else "float32")
+    src = render_program(program)
+    assert src.count("stage_bf16_records(sh_") == 6 * len(raw)
+    assert ("the records' cumulative log-decays" in src) == ("decay" in raw)
+
+
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("batch", [1, 256])
 @pytest.mark.parametrize("name,shape", [("kda", PRESETS["kimi-linear"].shape), ("gdn", PRESETS["qwen3.5-4b"].shape),
@@ -194,11 +210,12 @@ def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone
 def test_bf16_token_kernels_compile_for_sm90_without_spills(name, shape, batch):
     """Raw records of K = 128, 100, 96, 6 and 33 elements (copies of 16, 8, 8, 4 bytes and one element)."""
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
-    config = ReplayConfig(record_dtype="bfloat16")
-    result = compile_cubin(render_program(lower(bf16(name), shape, config), choose_launch(shape, batch)))
-    assert len(result.resources) == 10, result.log
-    for kernel, res in result.resources.items():
-        assert res.clean, f"{kernel}: {res}\n{result.log}"
+    for fields in (("key", "decay"), ("key",)):
+        config = ReplayConfig(record_dtype="bfloat16", raw_record_fields=fields)
+        result = compile_cubin(render_program(lower(bf16(name), shape, config), choose_launch(shape, batch)))
+        assert len(result.resources) == 10 and not result.warnings, result.log
+        for kernel, res in result.resources.items():
+            assert res.clean, f"{fields} {kernel}: {res}\n{result.log}"
 
 
 # --- on the GPU ----------------------------------------------------------------------------------------
@@ -208,13 +225,14 @@ def cuda_cache():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("record_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("record_dtype,fields", [("float32", ("key", "decay")), ("bfloat16", ("key", "decay")),
+                                                 ("bfloat16", ("key",))])
 @pytest.mark.parametrize("name", ["kda", "gdn", "mamba2", "gla"])
-def test_gpu_bf16_tokens_match_the_float64_recurrence(name, record_dtype):
+def test_gpu_bf16_tokens_match_the_float64_recurrence(name, record_dtype, fields):
     """Steps (a flush every L), verify and commit of every count, materialize: against the float64
     plain recurrence on the same bf16 values, FP32 state tolerance, with float32 records and with
-    records that keep the bf16 inputs' bits."""
-    config = ReplayConfig(window=8, max_drafts=4, record_dtype=record_dtype)
+    records that keep the bf16 inputs' bits (all of them, or the keys only)."""
+    config = ReplayConfig(window=8, max_drafts=4, record_dtype=record_dtype, raw_record_fields=fields)
     twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 80, 96), config,
                       np.random.default_rng(3), slots=3, tol=2e-4)
     twin.load([0, 2])
@@ -227,13 +245,13 @@ def test_gpu_bf16_tokens_match_the_float64_recurrence(name, record_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["kda", "gdn"])
-def test_gpu_bf16_records_stay_within_tolerance_over_a_long_run(name):
+@pytest.mark.parametrize("name,fields", [("kda", ("key", "decay")), ("kda", ("key",)), ("gdn", ("key", "decay"))])
+def test_gpu_bf16_records_stay_within_tolerance_over_a_long_run(name, fields):
     """400 steps at L = 16 (25 flushes), a verify of 8 drafts with a commit every 7 steps, the
     checkpoints materialised every 50: the raw bf16 records recomputed in the kernels keep every
     output within the FP32 tolerance of the float64 recurrence on the same bf16 inputs."""
     twin = ReplayTwin(cuda_cache(), bf16(name), ModelShape(4, 2, 64, 128),
-                      ReplayConfig(window=16, max_drafts=8, record_dtype="bfloat16"),
+                      ReplayConfig(window=16, max_drafts=8, record_dtype="bfloat16", raw_record_fields=fields),
                       np.random.default_rng(11), slots=2, tol=2e-4)
     twin.load([0, 1])
     for i in range(400):
@@ -317,6 +335,9 @@ def test_cli_takes_the_token_and_record_dtypes(capsys):
     assert "record R=1024 B per value head" in text and "-> agree" in text
     assert cli.main(["traffic", "--preset", "kimi-linear", "--token-dtype", "bfloat16"]) == 0
     assert "record R=1536 B per value head" in capsys.readouterr().out  # bf16 tokens alone: float32 records
+    assert cli.main(["traffic", "--preset", "kimi-linear", "--token-dtype", "bfloat16", "--record-dtype", "bfloat16",
+                     "--raw-record-fields", "key"]) == 0
+    assert "record R=1280 B per value head" in capsys.readouterr().out  # raw keys, float32 cumulative decays
     assert cli.main(["check", "kda", "--backend", "cpu", "--steps", "24", "--token-dtype", "bfloat16",
                      "--record-dtype", "bfloat16"]) == 0
     assert "(ok, tolerance" in capsys.readouterr().out

@@ -321,6 +321,13 @@ def test_records_are_float32_or_keep_bf16_inputs():
     assert ReplayConfig(record_dtype="bfloat16").record_dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("fields", [(), ("keys",), ("key", "key"), ["key"], "key", ("decay", "write")])
+def test_raw_record_fields_name_distinct_fields_records_may_keep_raw(fields):
+    with raises(ConfigError, "raw_record_fields:", "key", "decay"):
+        ReplayConfig(record_dtype="bfloat16", raw_record_fields=fields)
+    assert ReplayConfig(raw_record_fields=("decay",)).raw_record_fields == ("decay",)
+
+
 @pytest.mark.parametrize("drafts", [0, 9, -1, 100, 2.0, None])
 def test_max_drafts_out_of_range(drafts):
     with raises(ConfigError, "max_drafts:", "1..8"):
