@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
 # Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
-# (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against)
+# (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against;
+# TEST_MARKS: the tests' markers, default "gpu or fla"; "gpu or fla or nvrtc" adds the sm_90 compile checks
+# through this machine's NVRTC)
 # (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
 # At most 8 files come back from $OUT: install.log, gpu-tests.log, sanitize.log, examples.log, hf.log and
 # bench's results.json, results.md, speedup.png (compare.md with BENCH_BASELINE, so leave out a part then).
@@ -20,8 +22,8 @@ run_logged() {
   { echo "== $label: rc=$rc"; cat /tmp/part.log; } >> "$OUT/$log"
 }
 if wants tests; then
-  python3 -m pytest tests -q -p no:cacheprovider -m "gpu or fla" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
-  summary+=("gpu+fla tests: $(tail -1 "$OUT/gpu-tests.log")")
+  python3 -m pytest tests -q -p no:cacheprovider -m "${TEST_MARKS:-gpu or fla}" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
+  summary+=("${TEST_MARKS:-gpu or fla} tests: $(tail -1 "$OUT/gpu-tests.log")")
 fi
 if wants sanitize; then
   : > "$OUT/sanitize.log"
