@@ -2,6 +2,11 @@
 
 Works without a GPU (CI compiles every generated kernel for sm_90 this way). Needs
 ``cuda-python`` and ``nvidia-cuda-nvrtc`` (the ``nvrtc`` or ``cuda`` extra).
+
+NVRTC (12.9 on) caches cubins where a CUDA driver is installed, and a cubin from its cache comes
+without ptxas's report (measured on the GPU machine: a second compile of one source reported no
+kernel); ``compile_cubin`` compiles with ``--no-cache`` for that reason, and raises where the report
+is still missing.
 """
 
 from __future__ import annotations
@@ -62,23 +67,28 @@ def _check(result, what: str):
 
 
 def compile_cubin(source: str, name: str = "replayssm.cu", arch: str = "sm_90") -> CompileResult:
-    """Compile ``source`` to a cubin for ``arch`` with ``ptxas -v``; raise with the log on error."""
+    """Compile ``source`` to a cubin for ``arch`` with ``ptxas -v``; raise with the log on error, and
+    where the compile succeeds without a ptxas report for a source with kernels (a cubin from a cache)."""
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("NVRTC needs cuda-python: pip install 'replayssm-dsl[nvrtc]'") from exc
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
-    opts = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v"] + [o.encode() for o in NVRTC_OPTIONS]
+    opts = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v", b"--no-cache"] + [o.encode() for o in NVRTC_OPTIONS]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-    log = b" " * size
+    log = bytes(size)  # zeros: an empty log (size 1) must not write into the shared one-byte b" "
     nvrtc.nvrtcGetProgramLog(prog, log)
     text = log.decode(errors="replace").rstrip("\x00")
     if int(status) != 0:
         nvrtc.nvrtcDestroyProgram(prog)
         raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{text}")
     size = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-    cubin = b" " * size
+    cubin = bytes(size)
     nvrtc.nvrtcGetCUBIN(prog, cubin)
     nvrtc.nvrtcDestroyProgram(prog)
-    return CompileResult(cubin, text, parse_ptxas_report(text))
+    resources = parse_ptxas_report(text)
+    if not resources and "__global__" in source:
+        raise RuntimeError(f"NVRTC compiled {name} for {arch} without a ptxas report (a cubin from a cache, "
+                           "although compiled with --no-cache?)")
+    return CompileResult(cubin, text, resources)

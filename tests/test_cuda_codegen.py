@@ -92,6 +92,17 @@ def test_group_options_compile_without_spills(variant, shape):
 
 
 @pytest.mark.nvrtc
+def test_a_source_compiled_again_still_gets_its_ptxas_report():
+    """Where a CUDA driver is installed NVRTC may take the cubin from its cache and skip ptxas (and its
+    report); ``compile_cubin`` compiles with ``--no-cache``, so a second compile reports too."""
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    src = source("gdn", "odd-grouped")
+    first, second = compile_cubin(src), compile_cubin(src)
+    assert sorted(first.resources) == sorted(second.resources) == sorted(KERNELS)
+    assert first.resources == second.resources and first.cubin == second.cubin
+
+
+@pytest.mark.nvrtc
 @pytest.mark.parametrize("state_dtype", ["float16", "bfloat16"])
 def test_half_precision_checkpoints_compile(state_dtype):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
