@@ -81,6 +81,11 @@ class ReplayConfig:
         if (not isinstance(fields, tuple) or not fields or len(set(fields)) != len(fields)
                 or any(f not in RAW_RECORD_FIELDS for f in fields)):
             raise ConfigError(f"raw_record_fields: {fields!r}; use a tuple of distinct names out of {RAW_RECORD_FIELDS}")
+        if self.record_dtype == "float32" and set(fields) != set(RAW_RECORD_FIELDS):
+            raise ConfigError(f"raw_record_fields: {fields!r} chooses fields of bf16 records; float32 records keep "
+                              "every field in float32 (set record_dtype='bfloat16')")
+        # one order, so equal choices are equal configs (and share a tuning-table key)
+        object.__setattr__(self, "raw_record_fields", tuple(f for f in RAW_RECORD_FIELDS if f in fields))
 
     @property
     def capacity(self) -> int:
@@ -88,6 +93,12 @@ class ReplayConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_raw_record_fields(text: str) -> tuple:
+    """A command line's ``--raw-record-fields``: ``"key, decay"`` → ``("key", "decay")`` (checked by
+    ``ReplayConfig``)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 @dataclass(frozen=True)

@@ -441,8 +441,7 @@ def main(args) -> int:
     t0 = time.time()
     for preset_name in presets:
         for batch in batches:
-            r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype, args.record_dtype,
-                         tuple(f for f in args.raw_record_fields.split(",") if f))
+            r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype, args.record_dtype, args.raw_record_fields)
             results.append(r)
             # rewritten after every row: a run cut short keeps what it measured
             (out / "results.json").write_text(json.dumps(results, indent=1))

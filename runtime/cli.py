@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
-from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS, parse_raw_record_fields, preset
 from replayssm_dsl.errors import ReplaySSMError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.traffic import design_formulas, kernel_traffic, record_bytes, replay_step_amortized
@@ -35,12 +35,7 @@ def _shape(args) -> ModelShape:
 
 def _config(args) -> ReplayConfig:
     return ReplayConfig(window=args.window, max_drafts=args.max_drafts, state_dtype=args.state_dtype,
-                        record_dtype=args.record_dtype, raw_record_fields=_raw_record_fields(args))
-
-
-def _raw_record_fields(args) -> tuple:
-    """``--raw-record-fields``: comma-separated record fields (key, decay) that bf16 records keep raw."""
-    return tuple(f for f in args.raw_record_fields.split(",") if f)
+                        record_dtype=args.record_dtype, raw_record_fields=args.raw_record_fields)
 
 
 def _declaration(name: str, args):
@@ -149,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how every token input arrives (bfloat16: the kernels read raw bf16 bits)")
         p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
                        help="bfloat16: records keep the bits of the bf16 token input a key or decay vector is computed from")
-        p.add_argument("--raw-record-fields", default="key,decay",
+        p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
                        help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
 
     sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
@@ -189,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
     p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="bfloat16: records keep the bits of the bf16 token inputs a key or decay vector is computed from")
-    p.add_argument("--raw-record-fields", default="key,decay",
+    p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
                    help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 NVRTC_OPTIONS = ("-std=c++17",)
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_WARNING = re.compile(r"(?i)\bwarning\b")
 _REGS = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
@@ -43,7 +44,8 @@ class CompileResult:
     @property
     def warnings(self) -> list[str]:
         """The compiler's warning lines (generated sources compile without any)."""
-        return [line for line in self.log.splitlines() if "warning" in line]
+        return [line for line in self.log.splitlines()
+                if _WARNING.search(line) and not line.startswith("Remark")]  # "Remark: The warnings can be suppressed"
 
 
 def parse_ptxas_report(log: str) -> dict:

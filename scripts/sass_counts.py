@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from collections import Counter
 
+from replayssm_dsl.config import RAW_RECORD_FIELDS, parse_raw_record_fields
+
 _FUNCTION = re.compile(r"^\.text\.(\w+):")
 _INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?")
 
@@ -67,7 +69,7 @@ def report(kernels: dict[str, list[str]], names=None, top: int = 10, resources=N
 
 
 def disassemble(preset_name: str, label: str, nvdisasm: str, token_dtype: str = "float32",
-                record_dtype: str = "float32", raw_record_fields: tuple = ("key", "decay")) -> tuple[str, dict]:
+                record_dtype: str = "float32", raw_record_fields: tuple = RAW_RECORD_FIELDS) -> tuple[str, dict]:
     """nvdisasm's text of the program at that launch shape (the benchmark's settings for the preset),
     and ptxas's resources per kernel."""
     from replayssm_dsl.lowering.launch import LaunchConfig
@@ -95,7 +97,8 @@ def main() -> int:
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="path of nvdisasm")
     parser.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--raw-record-fields", default="key,decay", help="with --record-dtype bfloat16")
+    parser.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
+                        help="with --record-dtype bfloat16: comma-separated, out of key and decay")
     args = parser.parse_args()
     from replayssm_dsl.lowering.launch import LaunchConfig
     try:
@@ -105,7 +108,7 @@ def main() -> int:
     if not args.nvdisasm:
         parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
     text, resources = disassemble(args.preset, args.launch, args.nvdisasm, args.token_dtype, args.record_dtype,
-                                  tuple(f for f in args.raw_record_fields.split(",") if f))
+                                  args.raw_record_fields)
     print(report(parse(text), args.kernels, resources=resources))
     return 0
 

@@ -27,6 +27,18 @@ def test_groups_of_kernels(program):
     assert [k.name for k in program.kernels if autotune.group_of(k.name) == "verify"] == ["flush_for_verify", "verify"]
 
 
+def test_the_table_key_tells_record_settings_apart():
+    """Float32 records, and bf16 records with each choice of raw fields, tune apart (their kernels
+    differ); one choice given in either order is one key."""
+    decl, shape = variants.get("kda").with_token_dtype("bfloat16"), PRESETS["kimi-linear"].shape
+    configs = [ReplayConfig()] + [ReplayConfig(record_dtype="bfloat16", raw_record_fields=f)
+                                  for f in (("key", "decay"), ("key",), ("decay",))]
+    keys = {autotune.table_key(lower(decl, shape, c), 256) for c in configs}
+    assert len(keys) == 4
+    both_ways = ReplayConfig(record_dtype="bfloat16", raw_record_fields=("decay", "key"))
+    assert autotune.table_key(lower(decl, shape, both_ways), 256) in keys
+
+
 def test_verify_of_few_drafts_has_its_own_group(program):
     """Verify's kernels go to ``verify_few`` at T ≤ VERIFY_FEW_DRAFTS (both kernels of one verify
     together), to ``verify`` above it or when T is not given; the draft count changes no other group."""
@@ -116,6 +128,7 @@ def test_wide_ctas_build_the_replay_group_clean(program, launch):
     assert launch in autotune.CANDIDATES
     result = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")),
                            f"gdn-{launch.label.replace('/', '-')}.cu")
+    assert not result.warnings, result.log
     replay_group = {name: res for name, res in result.resources.items() if autotune.group_of(name) == "replay"}
     assert {"replay_step", "flush", "materialize"} <= set(replay_group)
     for name, res in replay_group.items():
@@ -143,9 +156,9 @@ def test_a_shape_whose_verify_spills_still_serves_the_replay_group():
     program = lower(variants.get("kda"), PRESETS["kimi-linear"].shape, ReplayConfig())
     launch = LaunchConfig(8, 20)
     replay = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "replay")))
-    assert all(res.clean for res in replay.resources.values()), replay.resources
+    assert all(res.clean for res in replay.resources.values()) and not replay.warnings, replay.resources
     verify = compile_cubin(render_program(program, launch, kernels=autotune.group_kernels(program, "verify")))
-    assert not verify.resources["verify"].clean, verify.resources["verify"]
+    assert not verify.resources["verify"].clean and not verify.warnings, verify.resources["verify"]
 
 
 def test_verify_rows_per_pass():

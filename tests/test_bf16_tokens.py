@@ -29,6 +29,7 @@ from twin import ReplayTwin, to_host
 SHAPE, CONFIG = ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
 RAW = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")  # records keep the bf16 inputs' bits
 RAW_KEYS = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16", raw_record_fields=("key",))  # float32 decays
+RAW_DECAYS = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16", raw_record_fields=("decay",))  # float32 keys
 BUILTINS = sorted(variants.BUILTINS)
 
 
@@ -83,7 +84,7 @@ def test_random_tokens_of_a_bf16_declaration_hold_bf16_values(name):
 # --- the CPU backend ---------------------------------------------------------------------------------
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(BUILTINS), seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 12),
-       as_bits=st.booleans(), config=st.sampled_from((CONFIG, RAW, RAW_KEYS)))
+       as_bits=st.booleans(), config=st.sampled_from((CONFIG, RAW, RAW_KEYS, RAW_DECAYS)))
 def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(name, seed, steps, as_bits, config):
     """Floats are rounded on entry (or given as raw bits): the same outputs as the float32 declaration
     given the rounded values, through steps, verify and commit, also where the bf16 one keeps its keys
@@ -210,7 +211,7 @@ def test_raw_record_fields_choose_which_fields_records_keep_raw(fields, raw):
 def test_bf16_token_kernels_compile_for_sm90_without_spills(name, shape, batch):
     """Raw records of K = 128, 100, 96, 6 and 33 elements (copies of 16, 8, 8, 4 bytes and one element)."""
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
-    for fields in (("key", "decay"), ("key",)):
+    for fields in (("key", "decay"), ("key",), ("decay",)):
         config = ReplayConfig(record_dtype="bfloat16", raw_record_fields=fields)
         result = compile_cubin(render_program(lower(bf16(name), shape, config), choose_launch(shape, batch)))
         assert len(result.resources) == 10 and not result.warnings, result.log

@@ -107,7 +107,7 @@ def test_a_source_compiled_again_still_gets_its_ptxas_report():
 def test_half_precision_checkpoints_compile(state_dtype):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     result = compile_cubin(source("gdn", "qwen3.5-4b", ReplayConfig(state_dtype=state_dtype)))
-    assert all(r.clean for r in result.resources.values()), result.log
+    assert all(r.clean for r in result.resources.values()) and not result.warnings, result.log
 
 
 def test_source_is_deterministic_and_names_its_declaration():
@@ -263,7 +263,7 @@ def test_emitted_per_kernel_sources_each_compile_alone(tmp_path):
     assert len(files) == len(KERNELS)
     for path in files:
         result = compile_cubin(path.read_text(), path.name)
-        assert list(result.resources) == [path.stem.split("kimi-linear-")[1]]
+        assert list(result.resources) == [path.stem.split("kimi-linear-")[1]] and not result.warnings, result.log
 
 
 @pytest.mark.nvrtc
@@ -280,7 +280,7 @@ def test_more_write_chunks_per_record_than_threads_compile(variant, v_dim, launc
     w_vec, _ = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, v_dim)
     assert launch.rows_per_cta // w_vec > launch.threads
     result = compile_cubin(render_program(lower(variants.get(variant), shape, ReplayConfig()), launch))
-    assert "replay_step" in result.resources and "verify" in result.resources, result.log
+    assert "replay_step" in result.resources and "verify" in result.resources and not result.warnings, result.log
 
 
 SHARED_ROW_LAUNCHES = [LaunchConfig(4, 16, max_registers=96, shared_rows=8), LaunchConfig(4, 20, max_registers=96, shared_rows=10),
@@ -348,4 +348,4 @@ def test_shared_rows_compile_at_a_partial_tile(variant, launch):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     program = lower(variants.get(variant), ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3))
     result = compile_cubin(render_program(program, launch, kernels=group_kernels(program, "replay")), "shared-rows.cu", "sm_90")
-    assert sorted(result.resources) == sorted(group_kernels(program, "replay")), result.log
+    assert sorted(result.resources) == sorted(group_kernels(program, "replay")) and not result.warnings, result.log

@@ -325,7 +325,17 @@ def test_records_are_float32_or_keep_bf16_inputs():
 def test_raw_record_fields_name_distinct_fields_records_may_keep_raw(fields):
     with raises(ConfigError, "raw_record_fields:", "key", "decay"):
         ReplayConfig(record_dtype="bfloat16", raw_record_fields=fields)
-    assert ReplayConfig(raw_record_fields=("decay",)).raw_record_fields == ("decay",)
+
+
+def test_raw_record_fields_take_one_order_and_need_bf16_records():
+    """Equal choices are equal configs (one order: one tuning-table key); with float32 records a choice
+    other than the default would be ignored, so it is refused."""
+    a = ReplayConfig(record_dtype="bfloat16", raw_record_fields=("decay", "key"))
+    assert a.raw_record_fields == ("key", "decay") and a == ReplayConfig(record_dtype="bfloat16")
+    assert ReplayConfig(record_dtype="bfloat16", raw_record_fields=("decay",)).raw_record_fields == ("decay",)
+    assert ReplayConfig(raw_record_fields=("decay", "key")) == ReplayConfig()
+    with raises(ConfigError, "raw_record_fields:", "('key',)", "record_dtype='bfloat16'"):
+        ReplayConfig(raw_record_fields=("key",))
 
 
 @pytest.mark.parametrize("drafts", [0, 9, -1, 100, 2.0, None])
