@@ -7,8 +7,9 @@ references. It imports neither the lowering nor the runtime; they import it.
 from . import ops
 from .config import ModelShape, ReplayConfig, preset
 from .declaration import Declaration, Recurrence, delta, plain
-from .errors import CapacityError, ConfigError, DeclarationError, InputError, ReplaySSMError
+from .errors import BackendUnavailable, CapacityError, ConfigError, DeclarationError, InputError, ReplaySSMError
 
 __all__ = ["ops", "Recurrence", "Declaration", "plain", "delta", "ModelShape", "ReplayConfig", "preset",
-           "ReplaySSMError", "DeclarationError", "ConfigError", "InputError", "CapacityError"]
+           "ReplaySSMError", "DeclarationError", "ConfigError", "InputError", "CapacityError",
+           "BackendUnavailable"]
 __version__ = "0.1.0"

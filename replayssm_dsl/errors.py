@@ -28,5 +28,9 @@ class CapacityError(InputError):
     """A request that would overflow a record buffer or exhaust a pool of slots or pages."""
 
 
+class BackendUnavailable(ReplaySSMError, ImportError):
+    """A command or backend that needs what this machine lacks (CuPy, a GPU, NVRTC); says what to install."""
+
+
 class LoweringError(ReplaySSMError, ValueError):
     """A declaration or configuration the chosen backend cannot render (names the construct)."""

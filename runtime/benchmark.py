@@ -429,7 +429,8 @@ def plot(results: list[dict], path: Path) -> bool:
 
 def main(args) -> int:
     kernels = parse_kernels(args.kernels)
-    import cupy as cp
+    from .cuda_module import require_gpu
+    cp = require_gpu("replayssm bench")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 
 from replayssm_dsl import knobs
+from replayssm_dsl.errors import BackendUnavailable
 from replayssm_dsl.lowering.ir import Program
 from replayssm_dsl.lowering.launch import LaunchConfig, grid_of
 from replayssm_dsl.lowering.render_cuda import render_program
@@ -24,7 +25,19 @@ def _cupy():
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the CUDA backend needs CuPy: pip install 'replayssm-dsl[cuda]'") from exc
+        raise BackendUnavailable("the CUDA backend needs CuPy: pip install 'replayssm-dsl[cuda]'") from exc
+    return cupy
+
+
+def require_gpu(what: str):
+    """CuPy, where it sees a GPU; else ``BackendUnavailable`` saying that ``what`` needs one."""
+    cupy = _cupy()
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise BackendUnavailable(f"{what} needs a CUDA GPU; CUDA says: {exc}") from exc
+    if count == 0:
+        raise BackendUnavailable(f"{what} needs a CUDA GPU; CuPy sees none")
     return cupy
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from replayssm_dsl.errors import BackendUnavailable
+
 NVRTC_OPTIONS = ("-std=c++17",)
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -74,7 +76,7 @@ def compile_cubin(source: str, name: str = "replayssm.cu", arch: str = "sm_90") 
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("NVRTC needs cuda-python: pip install 'replayssm-dsl[nvrtc]'") from exc
+        raise BackendUnavailable("NVRTC needs cuda-python: pip install 'replayssm-dsl[nvrtc]'") from exc
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
     opts = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v", b"--no-cache"] + [o.encode() for o in NVRTC_OPTIONS]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
