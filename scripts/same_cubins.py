@@ -1,10 +1,12 @@
-"""Are two checkouts' generated kernels the same machine code? SHA-256 of NVRTC's sm_90 cubins.
+"""Are two checkouts' generated kernels the same machine code? Their sm_90 cubins' kernel sections compared.
 
 A measurement script (no GPU needed): for each preset at the launch shapes of the headline run in
 docs/performance.md (replay step, verify, verify of few drafts, conventional step) it renders the
-whole program from the tree given, compiles it with NVRTC and prints one line per program:
-``same`` where both trees give byte-identical cubins, ``different`` otherwise. A change that leaves
-every cubin the same leaves every timing the same, so a headline measured before it stands.
+whole program from the tree given, compiles it with NVRTC and compares, per kernel, the cubin's
+sections that make it (the ``.text`` machine code, the sizes of its shared and constant memory)
+and ptxas's register count: one line per program, ``same`` or the sections that differ. Unused helpers
+in the common header may change other bytes of the cubin, not these. Kernels that are the same
+machine code take the same time, so a headline measured before the change stands.
 
 Usage: ``git worktree add /tmp/old REV && python scripts/same_cubins.py /tmp/old [NEW_TREE]``
 (NEW_TREE: this checkout by default). Each tree is imported in a child process of its own.
@@ -28,8 +30,10 @@ HEADLINE_LAUNCHES = {  # the 155b361 headline's launch shapes (docs/performance.
 
 # Run in a child process with the tree's three folders mapped to the package names, as pyproject.toml maps them.
 CHILD = r'''
-import hashlib, importlib.util, json, sys
+import hashlib, importlib.util, json, struct, sys
 root, launches = sys.argv[1], json.loads(sys.argv[2])
+KERNELS = ("replay_step", "flush", "materialize", "commit", "load", "reset_fill", "verify", "flush_for_verify",
+           "conventional_step", "snapshot_verify")
 for name, folder in (("replayssm_dsl", "replayssm_dsl"), ("replayssm_dsl.lowering", "lowering"),
                      ("replayssm_dsl.runtime", "runtime")):
     path = f"{root}/{folder}"
@@ -44,14 +48,44 @@ from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.lower import lower
 from replayssm_dsl.lowering.render_cuda import render_program
 
+KERNEL_SECTIONS = (".text.", ".nv.shared.", ".nv.constant0.")
+
+def kernel_sections(cubin):
+    """{section name: bytes} of the ELF cubin's per-kernel sections: the machine code, and the sizes
+    of its shared and constant memory (.nv.info holds symbol indices, which unused helpers shift, so
+    it is left out; ptxas's register counts are compared from its report)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    out = {}
+    for name_off, _, _, _, offset, size, _, info, _, _ in headers:
+        name = cubin[names_at + name_off:cubin.index(b"\0", names_at + name_off)].decode()
+        if name.startswith(".text."):
+            out[name] = cubin[offset:offset + size]
+        elif name.startswith(KERNEL_SECTIONS):
+            out[name] = size.to_bytes(8, "little")
+    return out
+
 def cubin_digest(source):
     prog = nvrtc.nvrtcCreateProgram(source.encode(), b"program.cu", 0, [], [])[1]
-    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--no-cache"]
+    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--no-cache", b"--ptxas-options=-v"]
     assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0, "NVRTC failed"
+    log = bytes(nvrtc.nvrtcGetProgramLogSize(prog)[1])
+    nvrtc.nvrtcGetProgramLog(prog, log)
     cubin = bytes(nvrtc.nvrtcGetCUBINSize(prog)[1])
     nvrtc.nvrtcGetCUBIN(prog, cubin)
     nvrtc.nvrtcDestroyProgram(prog)
-    return hashlib.sha256(cubin).hexdigest()
+    out = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(kernel_sections(cubin).items())
+           if any(name.endswith("." + k) for k in KERNELS)}
+    kernel = None
+    for line in log.decode(errors="replace").splitlines():  # ptxas -v: each entry function, then its registers
+        if "Compiling entry function" in line:
+            kernel = line.split("'")[1]
+        elif "Used" in line and "registers" in line and kernel:
+            out["registers." + kernel] = line.split("Used")[1].split("registers")[0].strip()
+            kernel = None
+    return out
 
 digests = {}
 for preset, labels in launches.items():
@@ -65,7 +99,9 @@ print(json.dumps(digests))
 
 def digests(tree: Path) -> dict:
     run = subprocess.run([sys.executable, "-c", CHILD, str(tree), json.dumps(HEADLINE_LAUNCHES)],
-                         check=True, capture_output=True, text=True)
+                         capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"rendering or compiling the kernels of {tree} failed:\n{run.stderr}")
     return json.loads(run.stdout)
 
 
@@ -75,10 +111,12 @@ def main() -> int:
     parser.add_argument("new", type=Path, nargs="?", default=Path(__file__).resolve().parents[1])
     args = parser.parse_args()
     old, new = digests(args.old), digests(args.new)
-    for key in old:
-        print(f"{key:<36} {'same' if old[key] == new.get(key) else 'different'}")
-    differ = sum(old[k] != new.get(k) for k in old)
-    print(f"{len(old) - differ} of {len(old)} programs give the same cubin")
+    differ = 0
+    for key, sections in old.items():
+        changed = sorted(name for name in sections.keys() | new[key].keys() if sections.get(name) != new[key].get(name))
+        differ += bool(changed)
+        print(f"{key:<36} {'same' if not changed else 'different: ' + ', '.join(changed)}")
+    print(f"{len(old) - differ} of {len(old)} programs give the same kernels")
     return 1 if differ else 0
 
 
