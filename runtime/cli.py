@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replayssm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def with_input_dtypes(p, token_help: str):
+        p.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"], help=token_help)
+        p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="bfloat16: records keep the bits of the bf16 token input a key or decay vector is computed from")
+        p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
+                       help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
+
     def with_config(p, shape=True):
         if shape:
             p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape from DESIGN.md §3")
@@ -140,12 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--window", type=int, default=16, help="replay window L (default 16)")
         p.add_argument("--max-drafts", type=int, default=8, help="most drafts T per verify (default 8)")
         p.add_argument("--state-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-        p.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="how every token input arrives (bfloat16: the kernels read raw bf16 bits)")
-        p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="bfloat16: records keep the bits of the bf16 token input a key or decay vector is computed from")
-        p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
-                       help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
+        with_input_dtypes(p, "how every token input arrives (bfloat16: the kernels read raw bf16 bits)")
 
     sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
     p = sub.add_parser("show", help="print a declaration and its lowered plans")
@@ -180,12 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--kernels", default=",".join(BENCH_KERNELS),
                    help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
-    p.add_argument("--token-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
-    p.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="bfloat16: records keep the bits of the bf16 token inputs a key or decay vector is computed from")
-    p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
-                   help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
+    with_input_dtypes(p, "how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
     p.add_argument("old")
