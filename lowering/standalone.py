@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from .ir import Program
+from .record_inputs import raw_record_inputs
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, v_tiles
 from .render_cuda import STATE_C_TYPES, render_program
 from .render_replay import dynamic_shared_bytes
@@ -128,6 +129,8 @@ def manifest(program: Program, launch: LaunchConfig) -> dict:
         "declaration_hash": program.declaration.fingerprint,
         "sizes": dict(program.sizes),
         "state_dtype": cfg.state_dtype,
+        "record_dtype": cfg.record_dtype,
+        "raw_record_fields": sorted(raw_record_inputs(program.declaration, cfg)),  # kept as bf16 token bits
         "launch": {"warps": launch.warps, "rows_per_warp": launch.rows_per_warp, "threads": launch.threads,
                    "max_registers": launch.max_registers, "label": launch.label},
         "argument_order": [{"name": arg} if arg in CALL_ARGS else

@@ -18,11 +18,24 @@ from replayssm_dsl.lowering.launch import LaunchConfig, kernel_arguments
 from replayssm_dsl.lowering.standalone import write_standalone
 
 
+@pytest.mark.parametrize("fields,raw", [(("key", "decay"), ["decay", "key"]), (("key",), ["key"])])
+def test_the_manifest_says_which_record_fields_are_bf16_token_bits(tmp_path, fields, raw):
+    decl = variants.get("kda").with_token_dtype("bfloat16")
+    config = ReplayConfig(record_dtype="bfloat16", raw_record_fields=fields)
+    _, _, meta = write_standalone(lower(decl, PRESETS["kimi-linear"].shape, config), tmp_path)
+    manifest = json.loads(meta.read_text())
+    assert (manifest["record_dtype"], manifest["raw_record_fields"]) == ("bfloat16", raw)
+    dtypes = {a["name"]: a.get("dtype") for a in manifest["argument_order"]}
+    assert dtypes["rec_key"] == "bf16 (raw bits)"
+    assert dtypes["rec_decay"] == ("bf16 (raw bits)" if "decay" in raw else "float")
+
+
 def test_export_writes_source_header_and_manifest(tmp_path):
     program = lower(variants.get("kda"), PRESETS["kimi-linear"].shape, ReplayConfig())
     source, header, meta = write_standalone(program, tmp_path)
     manifest = json.loads(meta.read_text())
     assert manifest["declaration_hash"] == program.declaration.fingerprint
+    assert (manifest["record_dtype"], manifest["raw_record_fields"]) == ("float32", [])
     assert [k["name"] for k in manifest["kernels"]] == [k.name for k in program.kernels]
     order = [a["name"] for a in manifest["argument_order"]]
     assert order == [name for _, name in kernel_arguments(program)]
