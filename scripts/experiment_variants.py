@@ -11,7 +11,9 @@ size it times, with CUDA graphs and medians as ``replayssm bench`` does,
   and the token's own work) and with every fill at L - 1 (each step folds its whole buffer);
 * the copy and read floors.
 
-Usage: ``python scripts/experiment_variants.py --presets qwen3.5-4b,kimi-linear --batch 256``.
+Usage: ``python scripts/experiment_variants.py --presets qwen3.5-4b,kimi-linear --batch 256
+--replay-launch 8x16/r80/s11/w --variants "base;fused cumulate"`` (launches as labels; a variant
+of some presets only, ``VARIANT_PRESETS``, is timed for those).
 """
 
 from __future__ import annotations
@@ -73,6 +75,66 @@ def l2_prefetch_ahead(ahead: int):
 
 for _waves, _ahead in (("half a wave", 264), ("a wave", 528), ("two waves", 1056)):
     VARIANTS[f"L2 prefetch {_waves} ahead"] = [l2_prefetch_ahead(_ahead)]
+CUMULATE = """    for (int e = tid; e < K; e += THREADS) {
+        float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
+        for (int j = 0; j < t; ++j) {
+            const int x = j * K + e;
+            acc += sh_qd[x];  // the raw log-decay until this line
+            sh_G[(n + j) * K + e] = acc;
+            const float dec = expf(acc);
+            const float key = sh_kd[x];
+            sh_key[(n + j) * K + e] = key;
+            sh_kd[x] = key * dec;
+            sh_qd[x] = sh_q[x] * dec;
+        }
+    }
+    __syncthreads();
+"""
+# The same work in the scores' phase: G_n, the token's key into the records' arrays and the decayed
+# query and key into arrays of their own, which only the rows read (after the scores' barrier); the
+# scores read the token's G_n and key from registers, so no thread reads what another writes here.
+CUMULATE_IN_SCORES = """    for (int e = tid; e < K; e += THREADS) {  // the cumulate, in the scores' phase
+        const float g = (n ? sh_G[(n - 1) * K + e] : 0.f) + sh_qd[e], dec = expf(g), key = sh_kd[e];
+        sh_G[n * K + e] = g;
+        sh_key[n * K + e] = key;
+        sh_qx[e] = sh_q[e] * dec;
+        sh_kx[e] = key * dec;
+    }
+    float gn[KE], tk[KE];  // this lane's elements of the token's G_n and key
+    #pragma unroll
+    for (int c = 0; c < KE; ++c) {
+        const int e = k_index(c, lane);
+        gn[c] = e < K ? (n ? sh_G[(n - 1) * K + e] : 0.f) + sh_qd[e] : 0.f;
+        tk[c] = e < K ? sh_kd[e] : 0.f;
+    }
+"""
+FUSED_CUMULATE_EDITS = [  # KDA's replay step (t = 1, a decay vector, the delta rule, float32 records)
+    ("    __shared__ float sh_ed[K];\n",
+     "    __shared__ float sh_ed[K];\n    __shared__ __align__(16) float sh_qx[K];\n    __shared__ __align__(16) float sh_kx[K];\n"),
+    (CUMULATE, CUMULATE_IN_SCORES),
+    ("const float kd = sh_key[rec * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);",
+     "const float kd = rec == n ? tk[c] : sh_key[rec * K + e] * expf(gn[c] - sh_G[(rec) * K + e]);"),
+    ("ak += kd * sh_key[(n + j) * K + e];", "ak += kd * tk[c];"),
+    ("* K + x] = sh_G[n * K + x];", "* K + x] = (n ? sh_G[(n - 1) * K + x] : 0.f) + sh_qd[x];"),
+    ("* K + x] = sh_key[n * K + x];", "* K + x] = sh_kd[x];"),
+    (", sh_qd + j * K, lane, wv[r] * sq_lane)", ", sh_qx, lane, wv[r] * sq_lane)"),  # the rows' dot products
+    (", sh_kd + j * K, lane, wv[r] * sk_lane)", ", sh_kx, lane, wv[r] * sk_lane)"),
+]
+
+
+def replay_step_edits(edits):
+    """``(old, new)`` edits applied to the replay step's text only, each exactly once."""
+    def edit(text: str) -> str:
+        for old, new in edits:
+            if text.count(old) != 1:
+                raise SystemExit(f"variant edit does not apply once to replay_step: {old[:60]!r}")
+            text = text.replace(old, new, 1)
+        return text
+    return in_kernel("replay_step", edit)
+
+
+VARIANTS["fused cumulate"] = [replay_step_edits(FUSED_CUMULATE_EDITS)]
+VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
     "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),
@@ -131,17 +193,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,kimi-linear")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--replay-launch", default="4,16,128", help="warps,rows_per_warp,max_registers[,eager_records 0/1]")
-    parser.add_argument("--conv-launch", default="4,8,80")
+    parser.add_argument("--replay-launch", default="4x16", help="a launch label (8x16/r80/s11/w)")
+    parser.add_argument("--conv-launch", default="4x8/r80")
     parser.add_argument("--cache-hints", action="store_true", help="also the state rows' cache-hint variants")
     parser.add_argument("--variants", help="labels of the variants to time, separated by ';' (default: all)")
     args = parser.parse_args()
     import cupy as cp
 
     rows = args.batch
-    warps, rpw, regs, *eager = map(int, args.replay_launch.split(","))
-    replay_launch = LaunchConfig(warps, rpw, regs, eager_records=bool(eager and eager[0]))
-    conv_launch = LaunchConfig(*map(int, args.conv_launch.split(",")))
+    replay_launch = LaunchConfig.from_label(args.replay_launch)
+    conv_launch = LaunchConfig.from_label(args.conv_launch)
     table = []
     for name in args.presets.split(","):
         decl, shape, config, rng, params = preset_setup(name)
@@ -155,6 +216,8 @@ def main() -> None:
         if args.variants:
             chosen = {label: chosen[label] for label in args.variants.split(";")}
         for label, edits in chosen.items():
+            if name not in VARIANT_PRESETS.get(label, (name,)):
+                continue
             cuda_module.render_program = patched_renderer(edits)
             times = {}
             for kernel, launch in (("conventional_step", conv_launch), ("replay_step", replay_launch)):
