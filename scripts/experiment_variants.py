@@ -22,7 +22,9 @@ import argparse
 
 import numpy as np
 
+from replayssm_dsl import variants
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.render_replay import _cumulate
 from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs
@@ -75,21 +77,8 @@ def l2_prefetch_ahead(ahead: int):
 
 for _waves, _ahead in (("half a wave", 264), ("a wave", 528), ("two waves", 1056)):
     VARIANTS[f"L2 prefetch {_waves} ahead"] = [l2_prefetch_ahead(_ahead)]
-CUMULATE = """    for (int e = tid; e < K; e += THREADS) {
-        float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
-        for (int j = 0; j < t; ++j) {
-            const int x = j * K + e;
-            acc += sh_qd[x];  // the raw log-decay until this line
-            sh_G[(n + j) * K + e] = acc;
-            const float dec = expf(acc);
-            const float key = sh_kd[x];
-            sh_key[(n + j) * K + e] = key;
-            sh_kd[x] = key * dec;
-            sh_qd[x] = sh_q[x] * dec;
-        }
-    }
-    __syncthreads();
-"""
+# KDA's cumulate phase and its barrier as the generator writes them (t = 1, float32 records)
+CUMULATE = "".join(f"    {line}\n" for line in _cumulate(variants.get("kda"), {}) + ["__syncthreads();"])
 # The same work in the scores' phase: G_n, the token's key into the records' arrays and the decayed
 # query and key into arrays of their own, which only the rows read (after the scores' barrier); the
 # scores read the token's G_n and key from registers, so no thread reads what another writes here.
