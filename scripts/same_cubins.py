@@ -2,23 +2,28 @@
 
 A measurement script (no GPU needed): for each preset at the launch shapes of the headline run in
 docs/performance.md (replay step, verify, verify of few drafts, conventional step) it renders the
-whole program from the tree given, compiles it with NVRTC and compares, per kernel, the cubin's
-sections that make it (the ``.text`` machine code, the sizes of its shared and constant memory)
-and ptxas's register count: one line per program, ``same`` or the sections that differ. Unused helpers
+whole program from the tree given, compiles it with this checkout's ``compile_cubin`` and compares,
+per kernel, the cubin's sections that make it (the ``.text`` machine code, the sizes of its shared
+and constant memory) and ptxas's report (registers, spills): one line per program, ``same`` or
+what differs. Unused helpers
 in the common header may change other bytes of the cubin, not these. Kernels that are the same
 machine code take the same time, so a headline measured before the change stands.
 
 Usage: ``git worktree add /tmp/old REV && python scripts/same_cubins.py /tmp/old [NEW_TREE]``
-(NEW_TREE: this checkout by default). Each tree is imported in a child process of its own.
+(NEW_TREE: this checkout by default). Each tree renders its sources in a child process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
+
+from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
 
 HEADLINE_LAUNCHES = {  # the 155b361 headline's launch shapes (docs/performance.md)
     "nemotron-nano-4b": ["4x20/r96/s10", "8x16", "4x10/r80", "4x16"],
@@ -28,12 +33,11 @@ HEADLINE_LAUNCHES = {  # the 155b361 headline's launch shapes (docs/performance.
     "kimi-linear": ["8x16/r80/s11/w", "8x16", "4x8"],
 }
 
-# Run in a child process with the tree's three folders mapped to the package names, as pyproject.toml maps them.
+# Run in a child process with the tree's three folders mapped to the package names, as pyproject.toml
+# maps them: it renders the programs and prints their sources (this checkout compiles them).
 CHILD = r'''
-import hashlib, importlib.util, json, struct, sys
+import importlib.util, json, sys
 root, launches = sys.argv[1], json.loads(sys.argv[2])
-KERNELS = ("replay_step", "flush", "materialize", "commit", "load", "reset_fill", "verify", "flush_for_verify",
-           "conventional_step", "snapshot_verify")
 for name, folder in (("replayssm_dsl", "replayssm_dsl"), ("replayssm_dsl.lowering", "lowering"),
                      ("replayssm_dsl.runtime", "runtime")):
     path = f"{root}/{folder}"
@@ -41,25 +45,33 @@ for name, folder in (("replayssm_dsl", "replayssm_dsl"), ("replayssm_dsl.lowerin
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-from cuda.bindings import nvrtc
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.lower import lower
 from replayssm_dsl.lowering.render_cuda import render_program
 
+sources = {}
+for preset, labels in launches.items():
+    p = PRESETS[preset]
+    program = lower(variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8))
+    for label in labels:
+        sources[f"{preset} {label}"] = render_program(program, LaunchConfig.from_label(label))
+print(json.dumps(sources))
+'''
 KERNEL_SECTIONS = (".text.", ".nv.shared.", ".nv.constant0.")
 
-def kernel_sections(cubin):
+
+def kernel_sections(cubin: bytes) -> dict:
     """{section name: bytes} of the ELF cubin's per-kernel sections: the machine code, and the sizes
     of its shared and constant memory (.nv.info holds symbol indices, which unused helpers shift, so
-    it is left out; ptxas's register counts are compared from its report)."""
+    it is left out; ptxas's report gives the registers)."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
     names_at = headers[shstrndx][4]
     out = {}
-    for name_off, _, _, _, offset, size, _, info, _, _ in headers:
+    for name_off, _, _, _, offset, size, *_ in headers:
         name = cubin[names_at + name_off:cubin.index(b"\0", names_at + name_off)].decode()
         if name.startswith(".text."):
             out[name] = cubin[offset:offset + size]
@@ -67,42 +79,21 @@ def kernel_sections(cubin):
             out[name] = size.to_bytes(8, "little")
     return out
 
-def cubin_digest(source):
-    prog = nvrtc.nvrtcCreateProgram(source.encode(), b"program.cu", 0, [], [])[1]
-    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--no-cache", b"--ptxas-options=-v"]
-    assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0, "NVRTC failed"
-    log = bytes(nvrtc.nvrtcGetProgramLogSize(prog)[1])
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    cubin = bytes(nvrtc.nvrtcGetCUBINSize(prog)[1])
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    nvrtc.nvrtcDestroyProgram(prog)
-    out = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(kernel_sections(cubin).items())
-           if any(name.endswith("." + k) for k in KERNELS)}
-    kernel = None
-    for line in log.decode(errors="replace").splitlines():  # ptxas -v: each entry function, then its registers
-        if "Compiling entry function" in line:
-            kernel = line.split("'")[1]
-        elif "Used" in line and "registers" in line and kernel:
-            out["registers." + kernel] = line.split("Used")[1].split("registers")[0].strip()
-            kernel = None
-    return out
 
-digests = {}
-for preset, labels in launches.items():
-    p = PRESETS[preset]
-    program = lower(variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8))
-    for label in labels:
-        digests[f"{preset} {label}"] = cubin_digest(render_program(program, LaunchConfig.from_label(label)))
-print(json.dumps(digests))
-'''
+def kernel_digests(source: str) -> dict:
+    """{section or ``resources.KERNEL``: digest} of one program compiled for sm_90."""
+    result = compile_cubin(source)
+    out = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(kernel_sections(result.cubin).items())}
+    out.update({f"resources.{kernel}": str(res) for kernel, res in result.resources.items()})
+    return out
 
 
 def digests(tree: Path) -> dict:
     run = subprocess.run([sys.executable, "-c", CHILD, str(tree), json.dumps(HEADLINE_LAUNCHES)],
                          capture_output=True, text=True)
     if run.returncode:
-        raise SystemExit(f"rendering or compiling the kernels of {tree} failed:\n{run.stderr}")
-    return json.loads(run.stdout)
+        raise SystemExit(f"rendering the kernels of {tree} failed:\n{run.stderr}")
+    return {key: kernel_digests(source) for key, source in json.loads(run.stdout).items()}
 
 
 def main() -> int:
