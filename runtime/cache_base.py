@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replayssm_dsl.bfloat16 import from_bfloat16_bits, round_to_bfloat16
+from replayssm_dsl.bfloat16 import bfloat16_bits, from_bfloat16_bits
 from replayssm_dsl.config import ModelShape, ReplayConfig
 from replayssm_dsl.declaration import Declaration
 from replayssm_dsl.errors import ConfigError, InputError
@@ -77,24 +77,33 @@ class ReplayCacheBase:
     def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
         """Checked tokens, ``[B, T, ...]``. A token declared bf16 may come as floats (rounded to bf16
         here when on the host, by the backend when on the device) or as raw bf16 bits (``uint16``,
-        ``int16``); host ones leave as the float32 values of their bf16."""
+        ``int16``); a host one is checked as the float32 values of its bf16 and leaves as
+        ``_host_bfloat16`` chooses (values here, bits for the CUDA backend): rounded once."""
         out = {}
         for spec in self._declared("token", tokens, verify=t is not None):
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
             shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
-            value, dtypes = tokens[spec.name], FLOAT_DTYPES
+            value, dtypes, bits = tokens[spec.name], FLOAT_DTYPES, None
             if spec.dtype == "bfloat16":
                 dtypes = FLOAT_DTYPES + BF16_BITS_DTYPES
                 if not is_device_array(value):  # a host array of any kind (a CPU torch tensor: NumPy holds no bf16)
                     torch_bf16 = dtype_name(value) == "bfloat16" and hasattr(value, "float")
                     value = np.asarray(value.float() if torch_bf16 else value)
                 if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
-                    value = (from_bfloat16_bits(value) if dtype_name(value) in BF16_BITS_DTYPES
-                             else round_to_bfloat16(value))
+                    bits = (np.ascontiguousarray(value).view(np.uint16) if dtype_name(value) in BF16_BITS_DTYPES
+                            else bfloat16_bits(value))
+                    value = from_bfloat16_bits(bits)
             value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
                                 check_values=True)
+            if bits is not None:
+                value = self._host_bfloat16(bits, value)
             out[spec.name] = value if t is not None else value[:, None]
         return out
+
+    def _host_bfloat16(self, bits: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """A checked host token declared bf16, as this backend takes it: its float32 values (``bits``:
+        the same token's raw bits, for a backend whose kernels read those)."""
+        return values
 
     def _no_pending_verify(self, operation: str) -> None:
         if self._last_verify is not None:

@@ -145,6 +145,10 @@ class CudaReplayCache(ReplayCacheBase):
         checked = super()._check_tokens(tokens, rows, t)
         return {name: self._device_token(name, value) for name, value in checked.items()}
 
+    def _host_bfloat16(self, bits: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The kernels read raw bf16 bits: a checked host bf16 token leaves as its bits (not rounded again)."""
+        return bits
+
     def _device_token(self, name: str, value, convert: bool = True):
         """Token input ``name`` as its kernels read it: float32, or raw bf16 bits (``uint16``) where the
         declaration says bf16. Those accept raw bits (``uint16``/``int16``, e.g. a torch bf16 tensor's
