@@ -129,6 +129,11 @@ def cmd_compare(args) -> int:
     return compare_main(args)
 
 
+def cmd_report(args) -> int:
+    from .bench_report import main as report_main
+    return report_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replayssm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("old")
     p.add_argument("new")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("report", help="one table and plot from several bench results.json files (no GPU)")
+    p.add_argument("runs", nargs="+", help="results.json files of runs that timed different presets or batches")
+    p.add_argument("--out", required=True, help="folder for the joined results.json, results.md, speedup.png")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

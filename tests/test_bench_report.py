@@ -1,0 +1,48 @@
+"""``replayssm report``: several benchmark results files joined into one table (no GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from replayssm_dsl.runtime import cli
+from replayssm_dsl.runtime.bench_compare import TIMED
+
+
+def _rows(rng, presets, batches):
+    return [dict({key: float(rng.uniform(0.01, 2.0)) for _, key in TIMED}, preset=p, variant="v", B=b, launch="4x8")
+            for p in presets for b in batches]
+
+
+def _write(tmp_path, name, rows):
+    path = tmp_path / name
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_report_joins_runs_in_preset_and_batch_order(tmp_path, capsys):
+    rng = np.random.default_rng()
+    late = _rows(rng, ["kimi-linear", "qwen3.5-4b"], [512, 8])
+    early = _rows(rng, ["qwen3.5-4b"], [1, 256])
+    out = tmp_path / "joined"
+    assert cli.main(["report", _write(tmp_path, "a.json", late), _write(tmp_path, "b.json", early), "--out", str(out)]) == 0
+    joined = json.loads((out / "results.json").read_text())
+    assert [(r["preset"], r["B"]) for r in joined] == [("qwen3.5-4b", 1), ("qwen3.5-4b", 8), ("qwen3.5-4b", 256),
+                                                       ("qwen3.5-4b", 512), ("kimi-linear", 8), ("kimi-linear", 512)]
+    by_key = {(r["preset"], r["B"]): r for r in late + early}
+    assert all(r == by_key[(r["preset"], r["B"])] for r in joined), "rows pass through unchanged"
+    table = (out / "results.md").read_text()
+    assert table in capsys.readouterr().out
+    qwen_256 = by_key[("qwen3.5-4b", 256)]
+    assert f"| 256 | 4x8 | {qwen_256['conventional_step']:.3f} | {qwen_256['replay_step']:.3f} |" in table
+
+
+def test_report_refuses_a_row_two_runs_hold(tmp_path, capsys):
+    rng = np.random.default_rng()
+    a = _write(tmp_path, "a.json", _rows(rng, ["qwen3.5-4b"], [8, 32]))
+    b = _write(tmp_path, "b.json", _rows(rng, ["qwen3.5-4b"], [32, 128]))
+    assert cli.main(["report", a, b, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "b.json: qwen3.5-4b at B = 32 is also in" in err and "a.json" in err
+    assert not (tmp_path / "out").exists(), "nothing written for a refused join"
