@@ -15,7 +15,7 @@ from replayssm_dsl.config import PRESETS
 from replayssm_dsl.errors import InputError
 
 from .bench_compare import load_results
-from .benchmark import markdown, plot
+from .benchmark import write_table_and_plot
 
 
 def join_results(paths) -> list[dict]:
@@ -37,10 +37,5 @@ def main(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown(results)
-    (out / "results.md").write_text(table)
-    plotted = plot(results, out / "speedup.png")
-    print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + (f", {out / 'speedup.png'}" if plotted else
-                                                                    " (no plot: no matplotlib, or no replay and conventional step)"))
+    write_table_and_plot(results, out)
     return 0

@@ -448,10 +448,15 @@ def main(args) -> int:
             (out / "results.json").write_text(json.dumps(results, indent=1))
             times = "  ".join(f"{name} {r[key]:.3f}" for name, key, _ in COLUMNS[2:] if r.get(key))
             print(f"{preset_name:<20} B={batch:<4} launch {r['launch']}  {times}  ({time.time() - t0:.0f}s)", flush=True)
+    write_table_and_plot(results, out)
+    return 0
+
+
+def write_table_and_plot(results: list[dict], out: Path) -> None:
+    """``results.md`` and ``speedup.png`` (with matplotlib) in ``out``; the table printed last."""
     table = markdown(results)
     (out / "results.md").write_text(table)
     plotted = plot(results, out / "speedup.png")
     print(table)
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + (f", {out / 'speedup.png'}" if plotted else
                                                                     " (no plot: no matplotlib, or no replay and conventional step)"))
-    return 0
