@@ -1,6 +1,6 @@
 """Lowering layer: declaration + shape + replay settings → a ``Program`` of kernel plans.
 
-The kernels (DESIGN.md §2, "Kernels per variant"):
+The kernels (docs/design.md, "Kernels and buffer rules"):
 
 - ``conventional_step``  baseline: read S, update, write S, output (what vLLM/FLA do today)
 - ``snapshot_verify``    baseline: T drafts, writes T states (vLLM's speculative path)

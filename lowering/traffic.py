@@ -2,7 +2,7 @@
 
 Bytes are counted per batch row and value head, for a given buffer fill ``n`` and draft count ``t``,
 taking each ``When`` branch as the plan's flush rule decides. Only state and record traffic count
-towards DESIGN.md §3's model (inputs, outputs and fills are listed apart as ``io``). Keys stored once
+towards the traffic model of docs/design.md (inputs, outputs and fills are listed apart as ``io``). Keys stored once
 per key head are charged ``1 / (HV / H)`` to each value head.
 """
 
@@ -26,7 +26,7 @@ class Traffic:
 
     @property
     def total(self) -> float:
-        """State and record bytes: what DESIGN.md §3 counts."""
+        """State and record bytes: what docs/design.md's traffic model counts."""
         return self.state_read + self.state_write + self.record_read + self.record_write
 
     def __add__(self, other: "Traffic") -> "Traffic":
@@ -109,7 +109,7 @@ def replay_step_amortized(program: Program) -> Traffic:
 
 
 def design_formulas(program: Program) -> dict[str, float]:
-    """DESIGN.md §3's hand formulas (no low-precision copy: ``s_lp = s_hp``), for cross-checking."""
+    """The hand formulas of docs/design.md ("Traffic model") (no low-precision copy: ``s_lp = s_hp``), for cross-checking."""
     p = program
     E, s, R, L = p.shape.state_elements, DTYPE_BYTES[p.config.state_dtype], record_bytes(p), p.config.window
     non_flush = [E * s + n * R + R for n in range(L - 1)]

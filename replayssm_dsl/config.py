@@ -2,7 +2,7 @@
 
 ``ModelShape`` is the layer's geometry (value heads ``HV``, key heads ``H``, ``V``, ``K``);
 ``ReplayConfig`` the replay window ``L``, the most drafts ``T`` a verify takes, and the dtypes.
-Presets are the DESIGN.md §3 shapes. Imports ``errors`` only.
+Presets are the model shapes of docs/design.md ("Traffic model"). Imports ``errors`` only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DSL layer: declaring a linear-recurrence layer, and checking the declaration when it is made.
 
-A declaration says, per head and per token (DESIGN.md §2)::
+A declaration says, per head and per token (docs/design.md, "The recurrence")::
 
     decay   g_t            scalar per head, a vector over K, or none      (log space, g ≤ 0)
     write   w_t = s·v      plain                 or  β·(v − P_t k)        delta-rule correction

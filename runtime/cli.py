@@ -82,7 +82,7 @@ def cmd_traffic(args) -> int:
     print(f"{'replay_step amortised over L':<34}{'':>42}{amort:>12.0f}{amort * per_step:>10.1f}")
     print(f"conventional / replay (amortised): {conv / amort:.2f}x less state traffic")
     ok = abs(conv - formulas["conventional"]) < 1e-6 and abs(amort - formulas["replay_amortized"]) < 1e-6
-    print(f"DESIGN.md §3 formulas: conventional 2·E·s = {formulas['conventional']:.0f}, replay amortised "
+    print(f"traffic formulas (docs/design.md): conventional 2·E·s = {formulas['conventional']:.0f}, replay amortised "
           f"= {formulas['replay_amortized']:.0f} B/head -> {'agree' if ok else 'DISAGREE'} with the plan-derived model")
     return 0 if ok else 1
 
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_config(p, shape=True):
         if shape:
-            p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape from DESIGN.md §3")
+            p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape (docs/design.md, \"Traffic model\")")
             p.add_argument("--shape", help="HV,H,V,K (default 4,2,64,64)")
         p.add_argument("--window", type=int, default=16, help="replay window L (default 16)")
         p.add_argument("--max-drafts", type=int, default=8, help="most drafts T per verify (default 8)")

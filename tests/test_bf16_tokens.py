@@ -329,7 +329,7 @@ def test_gpu_a_bf16_token_of_another_dtype_is_refused_naming_it():
 # --- the command line ------------------------------------------------------------------------------------
 def test_cli_takes_the_token_and_record_dtypes(capsys):
     """``traffic`` shows the smaller records (KDA: 1,024 bytes per value head instead of 1,536) and
-    still agrees with DESIGN.md's formulas; ``check`` decodes a bf16 declaration against the oracle."""
+    still agrees with docs/design.md's formulas; ``check`` decodes a bf16 declaration against the oracle."""
     from replayssm_dsl.runtime import cli
     assert cli.main(["traffic", "--preset", "kimi-linear", "--token-dtype", "bfloat16", "--record-dtype", "bfloat16"]) == 0
     text = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Lowering layer tests: the traffic model of the lowered plans against DESIGN.md §3's formulas.
+"""Lowering layer tests: the traffic model of the lowered plans against the formulas of docs/design.md ("Traffic model").
 
 For every preset (``config.PRESETS``), lowered with ``ReplayConfig(window=16)`` and FP32 state:
 conventional ``2·E·4``; replay non-flush ``E·4 + n·R + R``; flush ``E·4 + 15·R + E·4``; the

@@ -1,4 +1,4 @@
-"""DSL layer: the plain recurrence of any declaration, token by token, in float64 (DESIGN.md §2).
+"""DSL layer: the plain recurrence of any declaration, token by token, in float64 (docs/design.md, "The recurrence").
 
 This is the oracle: written from the math, it shares nothing with the lowering or its executor but
 the NumPy meaning of expressions (``evaluate.py``), which the hand-written per-variant oracles check.
