@@ -15,7 +15,7 @@ from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
 from replayssm_dsl.runtime.engine import ReplayEngine
-from replayssm_dsl.runtime.selfcheck import TOLERANCE, best_backend
+from replayssm_dsl.runtime.selfcheck import TOLERANCE, best_backend, exit_status
 
 
 def main(argv=None) -> int:
@@ -80,4 +80,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

@@ -22,7 +22,7 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 
 from .cache_base import ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
-from .cuda_module import CompiledProgram, _cupy
+from .cuda_module import CompiledProgram, require_gpu
 from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, dtype_name
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
@@ -39,7 +39,7 @@ class CudaReplayCache(ReplayCacheBase):
     def __init__(self, decl, shape, config=None, *, slots: int, params: dict, pages: int | None = None,
                  launch: LaunchConfig | None = None, stream=None):
         super().__init__(decl, shape, config, slots=slots, params=params, pages=pages)
-        cp = _cupy()
+        cp = require_gpu("the CUDA backend")  # a clear error, not CUDA's traceback, on a machine without a GPU
         self.cp, self.stream = cp, stream
         self.fixed_launch = launch
         self._compiled: dict[tuple[LaunchConfig, str], CompiledProgram] = {}  # (launch, family) -> module

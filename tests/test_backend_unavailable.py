@@ -61,3 +61,15 @@ def test_without_a_gpu_bench_says_so(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(device_count=0))
     assert cli.main(["bench", "--presets", "kimi-linear", "--batches", "1"]) == 2
     assert "replayssm bench needs a CUDA GPU; CuPy sees none" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cupy,says", [
+    (fake_cupy(device_count=0), "CuPy sees none"),
+    (fake_cupy(error="cudaErrorInsufficientDriver: CUDA driver version is insufficient"),
+     "CUDA says: cudaErrorInsufficientDriver"),
+])
+def test_with_cupy_but_no_usable_gpu_the_cuda_backend_ends_with_one_line(monkeypatch, capsys, cupy, says):
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    assert cli.main(["check", "gdn", "--backend", "cuda", "--steps", "4"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("replayssm: error: the CUDA backend needs a CUDA GPU; ") and says in err[0]
