@@ -29,8 +29,8 @@ def main(argv=None) -> int:
     print(decl.describe())
     program = lower(decl, shape, config)
     print(program.kernel("replay_step").pretty())
-    print(f"generated CUDA: {len(render_program(program).splitlines())} lines "
-          "(replayssm emit, or REPLAYSSM_DUMP_DIR, writes it out)")
+    print(f"generated CUDA: {len(render_program(program).splitlines())} lines (render_program(program) returns it; "
+          "lowering.standalone.write_standalone(program, folder) writes it with launchers and a header)")
     return run_example(decl, shape, config, argv, tokens=200)
 
 
