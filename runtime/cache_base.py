@@ -78,7 +78,8 @@ class ReplayCacheBase:
         """Checked tokens, ``[B, T, ...]``. A token declared bf16 may come as floats (rounded to bf16
         here when on the host, by the backend when on the device) or as raw bf16 bits (``uint16``,
         ``int16``); a host one is checked as the float32 values of its bf16 and leaves as
-        ``_host_bfloat16`` chooses (values here, bits for the CUDA backend): rounded once."""
+        ``_host_bfloat16`` chooses (values here, bits for the CUDA backend): converted to bf16 once
+        (float64 by way of float32, as torch converts), never converted back."""
         out = {}
         for spec in self._declared("token", tokens, verify=t is not None):
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])

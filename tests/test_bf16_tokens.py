@@ -140,6 +140,38 @@ def test_cpu_torch_tensors_of_bf16_values_or_bits_equal_numpy_floats():
         assert np.isfinite(out).all() and np.array_equal(out, outs["numpy floats"]), form
 
 
+class _BitsBackend(CpuReplayCache):
+    """A host cache that takes checked bf16 tokens as raw bits, as the CUDA backend does."""
+    def _host_bfloat16(self, bits, values):
+        return bits
+
+
+@pytest.mark.parametrize("form", ["float64", "float32", "float16", "uint16", "int16", "int16 reversed view", "list"])
+@pytest.mark.parametrize("drafts", [None, 3])
+def test_a_backend_that_reads_bits_gets_each_host_bf16_token_rounded_once_as_its_bits(form, drafts):
+    """The shared checks hand a backend that reads raw bits (``_host_bfloat16``) the token's bits, in
+    its shape (``[B, 1, ...]`` for a step, ``[B, T, ...]`` for verify), C-contiguous, whatever host form
+    it came in; the bits equal rounding the values once."""
+    decl, shape = variants.get("kda").with_token_dtype("bfloat16"), ModelShape(4, 2, 16, 32)
+    rng = np.random.default_rng()
+    cache = _BitsBackend(decl, shape, ReplayConfig(window=4, max_drafts=3), slots=2,
+                         params=random_params(decl, shape, rng))
+    tokens = random_tokens(decl, shape, rng, (2,) if drafts is None else (2, drafts))
+    want = {name: bfloat16_bits(value) for name, value in tokens.items()}
+    given = {"float64": tokens, "float32": {n: v.astype(np.float32) for n, v in tokens.items()},
+             "float16": {n: v.astype(np.float16) for n, v in tokens.items()},
+             "uint16": want, "int16": {n: v.view(np.int16) for n, v in want.items()},
+             "int16 reversed view": {n: np.ascontiguousarray(v.view(np.int16)[::-1])[::-1] for n, v in want.items()},
+             "list": {n: v.tolist() for n, v in tokens.items()}}[form]
+    if form == "float16":
+        want = {name: bfloat16_bits(value.astype(np.float32)) for name, value in given.items()}
+    got = cache._check_tokens(given, 2, drafts)
+    for name, bits in want.items():
+        bits = bits if drafts is not None else bits[:, None]
+        assert got[name].dtype == np.uint16 and got[name].flags.c_contiguous, name
+        np.testing.assert_array_equal(got[name], bits, err_msg=name)
+
+
 def test_raw_bits_are_refused_for_a_float32_token():
     decl = variants.get("gdn")
     cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=1, params=random_params(decl, SHAPE, np.random.default_rng(0)))
