@@ -214,7 +214,23 @@ def commit(key: str, state: list[torch.Tensor], slot: torch.Tensor, drafts: torc
             batch = c._host_or_device_batch(slot=slot, src_page=src, dst_page=dst, drafts=drafts, accepted=accepted)
             c.cache.launch_commit(batch, t)
         else:
+            _check_commit_matches_verify(c.cache, _numpy(slot), _numpy(drafts))
             c.cache.commit(_numpy(accepted))
+
+
+def _check_commit_matches_verify(cache, slot: np.ndarray, drafts: np.ndarray) -> None:
+    """On the CPU the cache commits its last verify's rows: the operator's ``slot`` and ``drafts`` must
+    be that verify's (a padded row's draft count aside), as the GPU's kernels assume."""
+    if cache._last_verify is None:
+        return  # commit itself says there is nothing to commit
+    verified = cache._last_verify[0]
+    if slot.shape != verified["slot"].shape or not np.array_equal(slot, verified["slot"]):
+        raise InputError(f"slot: {slot.tolist()} is not the last verify's {verified['slot'].tolist()}; "
+                         "commit takes the rows verify was given")
+    live = verified["slot"] >= 0
+    if drafts.shape != slot.shape or not np.array_equal(drafts[live], verified["drafts"][live]):
+        raise InputError(f"drafts: {drafts.tolist()} is not the last verify's {verified['drafts'].tolist()} "
+                         "(padded rows aside); commit takes the draft counts verify was given")
 
 
 @commit.register_fake

@@ -184,3 +184,20 @@ def test_bf16_token_tensors_go_through_the_operators():
         want = ref.step([0, 1], toks)
         assert np.isfinite(out.numpy()).all()
         np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("wrong", ["slot", "drafts"])
+def test_cpu_commit_refuses_rows_or_draft_counts_its_verify_was_not_given(wrong):
+    tc, _, rng = _pair(seed=5)
+    slot, drafts = torch.tensor([2, 0, -1], dtype=torch.int32), torch.tensor([3, 2, 1], dtype=torch.int32)
+    torch.ops.replayssm.verify(tc.key, tc.state, slot, slot, slot, drafts,
+                               tc.tokens(_t(random_tokens(DECL, SHAPE, rng, (3, 3)))))
+    fills = tc.fills().copy()
+    other_slot = torch.tensor([1, 0, -1], dtype=torch.int32) if wrong == "slot" else slot
+    other_drafts = torch.tensor([1, 2, 1], dtype=torch.int32) if wrong == "drafts" else drafts
+    with pytest.raises(InputError, match=rf"^{wrong}: .* is not the last verify's"):
+        torch.ops.replayssm.commit(tc.key, tc.state, other_slot, other_drafts, torch.tensor([1, 1, 0], dtype=torch.int32))
+    assert np.array_equal(tc.fills(), fills), "a refused commit moves no fill"
+    torch.ops.replayssm.commit(tc.key, tc.state, slot, torch.tensor([3, 2, 0], dtype=torch.int32),
+                               torch.tensor([1, 1, 0], dtype=torch.int32))  # a padded row's count aside
+    assert np.array_equal(tc.fills()[[2, 0]], fills[[2, 0]] + 1)
