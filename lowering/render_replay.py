@@ -23,7 +23,7 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
-from .render_records import load_records, record_decay_sums, widen_records
+from .render_records import load_records, record_decay_sums, records_ready
 
 
 def _cumulate(decl, raw: dict) -> list[str]:
@@ -270,9 +270,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
-    body += ["cp_async_wait();", "__syncthreads();"]
-    widen = widen_records(decl, raw, "n")
-    body += widen + (["__syncthreads();"] if widen else [])
+    body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
     body += _cumulate(decl, raw)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
