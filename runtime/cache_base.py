@@ -144,6 +144,15 @@ class ReplayCacheBase:
         self._last_verify = batch, t
         return out
 
+    @property
+    def pending_verify(self) -> dict | None:
+        """The last verify's rows while it waits for its commit, as host copies ``{"slot", "drafts"}``
+        (``[B]`` int32), else None."""
+        if self._last_verify is None:
+            return None
+        batch = self._last_verify[0]
+        return {"slot": np.array(batch["slot"]), "drafts": np.array(batch["drafts"])}
+
     def commit(self, accepted):
         """Accept ``accepted[b]`` of the last verify's drafts per row: a pointer move."""
         if self._last_verify is None:

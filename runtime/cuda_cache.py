@@ -188,9 +188,16 @@ class CudaReplayCache(ReplayCacheBase):
     def _device_batch(self, batch: dict) -> dict:
         return {k: self.cp.asarray(v, dtype=self.cp.int32) for k, v in batch.items()}
 
+    def _launch_tokens_as_read(self, tokens: dict) -> dict:
+        """Tokens of a graph-capturable launch as the kernels read them (``_device_token`` without
+        conversion: a launch that may be captured allocates nothing)."""
+        return {name: self._device_token(name, value, convert=False) for name, value in tokens.items()}
+
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
+        """``tokens`` come as the kernels read them (``_check_tokens`` or ``_launch_tokens_as_read`` made
+        them so): each is passed once through ``_device_token``, not again here."""
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
-        toks = {name: self._device_token(name, value, convert=False) for name, value in (tokens or {}).items()}
+        toks = tokens or {}
         t_tok = self._launch_tokens(toks, t_tok)
         named = {**self.buffers}
         for name, value in arrays.items():
@@ -245,12 +252,13 @@ class CudaReplayCache(ReplayCacheBase):
         slot or page is outside this cache is skipped by the kernels (nothing written, output untouched).
         Slots must be unique within the batch (as the host path checks)."""
         rows = int(batch["slot"].shape[0])
-        self._launch("replay_step", rows, batch, tokens, out=out)
+        self._launch("replay_step", rows, batch, self._launch_tokens_as_read(tokens), out=out)
 
     def launch_verify(self, batch: dict, tokens: dict, out) -> None:
         """``tokens[name]``: device ``[B, T, ...]``; ``out``: ``[B, T, HV, V]``. A row whose draft count is
         outside [1, min(T, T_max)] is skipped by both kernels (its buffer is neither folded nor written)."""
         rows = int(batch["slot"].shape[0])
+        tokens = self._launch_tokens_as_read(tokens)  # before flush_for_verify: a wrong token launches nothing
         t = int(next(iter(tokens.values())).shape[1])
         self._launch("flush_for_verify", rows, batch, t_tok=t)
         self._launch("verify", rows, batch, tokens, out=out)

@@ -221,9 +221,9 @@ def commit(key: str, state: list[torch.Tensor], slot: torch.Tensor, drafts: torc
 def _check_commit_matches_verify(cache, slot: np.ndarray, drafts: np.ndarray) -> None:
     """On the CPU the cache commits its last verify's rows: the operator's ``slot`` and ``drafts`` must
     be that verify's (a padded row's draft count aside), as the GPU's kernels assume."""
-    if cache._last_verify is None:
+    verified = cache.pending_verify
+    if verified is None:
         return  # commit itself says there is nothing to commit
-    verified = cache._last_verify[0]
     if slot.shape != verified["slot"].shape or not np.array_equal(slot, verified["slot"]):
         raise InputError(f"slot: {slot.tolist()} is not the last verify's {verified['slot'].tolist()}; "
                          "commit takes the rows verify was given")

@@ -358,8 +358,14 @@ def test_commit_without_verify(busy):
 def test_commit_twice_and_after_an_intervening_op(busy):
     c = busy.cache
     toks = busy.tokens(2, 2)
+    assert c.pending_verify is None
     c.verify([1, 2], toks, [2, 1])
+    pending = c.pending_verify
+    assert pending["slot"].tolist() == [1, 2] and pending["drafts"].tolist() == [2, 1]
+    pending["slot"][0] = 3  # a copy: the cache's own rows stay
+    assert c.pending_verify["slot"].tolist() == [1, 2]
     c.commit([1, 0])
+    assert c.pending_verify is None
     with refused(c, InputError, "no verify to commit"):
         c.commit([1, 0])
     c.verify([1, 2], busy.tokens(2, 2), [2, 1])
