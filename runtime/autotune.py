@@ -65,7 +65,10 @@ GROUP_EXTRAS = {
                # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
                # qwen3.5-4b (so the tuner skips it); 4 build clean for super and the two GDN shapes (nano's
                # spill 4 B, KDA's 16 B: skipped there); verify of T <= 2 had picked 8x8/r64
-               LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4)),
+               LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4),
+               # 80-row CTAs of whole 16-row tiles: a whole head per CTA at V = 80 (nano), 3 CTAs of 5 warps
+               # per SM under verify's 128 registers, 240 rows in flight against 8x16's 160 there
+               LaunchConfig(5, 16)),
     "conventional": (),
 }
 GROUP_EXTRAS["verify_few"] = GROUP_EXTRAS["verify"]
