@@ -41,3 +41,15 @@ def test_write_records_in_registers_leave_kda_room_for_more_rows():
     assert staged["rows_per_sm"] == 256 and in_registers["rows_per_sm"] == 384
     assert in_registers["resources"].shared_bytes < staged["resources"].shared_bytes
     assert in_registers["resources"].clean
+
+
+@pytest.mark.nvrtc
+def test_five_warp_verify_ctas_hold_a_whole_v80_head_three_per_sm():
+    """Nano's value heads have V = 80 rows: verify at 5x16 is one CTA per head in five full 16-row
+    tiles, and at 128 registers three such CTAs share an SM (240 rows), against two of 8x16 (which
+    hold 80 real rows each at V = 80); both build clean (the reason 5x16 is a verify candidate)."""
+    script = load_script("rows_in_flight")
+    rows = {row["launch"]: row for row in script.report("nemotron-nano-4b", ["5x16", "8x16"], kernel="verify")}
+    assert rows["5x16"]["limits"]["ctas"] == 3 and rows["8x16"]["limits"]["ctas"] == 2
+    assert rows["5x16"]["rows_per_sm"] == 3 * 80
+    assert all(row["resources"].clean for row in rows.values())
