@@ -388,6 +388,16 @@ def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
     steps_verifies_and_flush(twin)
 
 
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_five_warp_ctas_with_a_partial_last_tile_give_the_oracle(name):
+    """5x16 (80-row CTAs, verify's shape for V = 80) at V = 128: each head's second CTA holds 48 rows,
+    three warps with rows and two without; every kernel at that launch against the oracle."""
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 128, 128), ReplayConfig(window=4, max_drafts=3),
+                      np.random.default_rng(23), slots=3, tol=FP32_TOL, launch=LaunchConfig(5, 16))
+    steps_verifies_and_flush(twin)
+
+
 @pytest.mark.parametrize("register_writes", [False, True], ids=["staged", "register-writes"])
 @pytest.mark.parametrize("name", ["gdn", "mamba2"])
 def test_gpu_more_write_chunks_per_record_than_threads_gives_the_oracle(name, register_writes):
