@@ -164,6 +164,17 @@ def state_page_lines(f: Facts) -> list[str]:
     return lines
 
 
+def shared_page_lines(f: Facts) -> list[str]:
+    """The page that holds the row's state, before the fill is checked, so the state rows' loads need
+    not wait for it: an unshared page (src == dst) holds it whether or not an earlier launch folded the
+    buffer into dst; only a shared page reads the fill (an out-of-range fill stops the row after the
+    loads are issued, in ``fill_load_lines``)."""
+    # (its own load, __ldcg: one merged with the fill load below would make every row's page wait for it)
+    pick = ["const int n = __ldcg(fill + slot);"] + flush_rule_lines(f) + guarded(f.guards["load_state:checkpoint:dst"], ["page = dst;"])
+    return ["int page = src;", "if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in"] + [
+        "    " + line for line in pick] + ["}"]
+
+
 def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = ()) -> list[str]:
     """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
     dependence on the fill, so their loads fly with the state's). With ``one_token`` (a step) the

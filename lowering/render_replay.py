@@ -22,7 +22,7 @@ from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
-                            shared_decls, stage_row_fields, state_page_lines, store_rows, token_prefetch)
+                            shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 from .render_records import load_records, record_decay_sums, records_ready
 
 
@@ -241,7 +241,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += token_prefetch(decl, f.drafts) + row_check_lines(f)
     loads = mma_state_loads if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
-    state = state_page_lines(f) + first_draft_loads(decl, hoisted)
+    page_waits_on_fill = "load_state:checkpoint:dst" in f.guards
+    state = (shared_page_lines(f) if page_waits_on_fill else state_page_lines(f)) + first_draft_loads(decl, hoisted)
     if shared_rows:  # the bulk copies first: nothing waits on them until the rows phase
         state += ["if (tid == 0) shared_rows_copy(sh_rows, &sh_rows_bar, checkpoint + ((size_t)page * HV + hv) * V * K, v0);"]
         state += row_loads(CHECKPOINT_ROW.format(page="page"), "RREG")
@@ -251,11 +252,13 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
-    if "load_state:checkpoint:dst" in f.guards or "empty_records" in f.stmts:
-        body += fill_load_lines(f)  # the page read depends on the fill
+    if page_waits_on_fill or "empty_records" in f.stmts:
+        # the state rows' loads first: only a shared page waits for the fill to pick src or dst
+        body += (state if page_waits_on_fill else []) + fill_load_lines(f)
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
-        body += state + guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers)) + token_fields
+        body += ([] if page_waits_on_fill else state)
+        body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers)) + token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
