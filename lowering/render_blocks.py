@@ -175,7 +175,7 @@ def shared_page_lines(f: Facts) -> list[str]:
         "    " + line for line in pick] + ["}"]
 
 
-def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = ()) -> list[str]:
+def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fill: bool = False) -> list[str]:
     """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
     dependence on the fill, so their loads fly with the state's). With ``one_token`` (a step) the
     fields are split across warps instead: the query on warp 0, the key on warp 1, the decay and the
@@ -184,15 +184,17 @@ def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = ()) -> lis
     ``mode == "replay"``: keys → ``sh_kd``, raw log-decays → ``sh_g`` (scalar) or ``sh_qd`` (vector; the
     cumulate phase replaces both by the decayed key and query). ``mode == "recur"``: keys → ``sh_key``,
     decay factors ``e^g`` → ``sh_g``. ``hoisted``: K-sized token inputs whose first draft per warp
-    ``first_draft_loads`` loaded already."""
+    ``first_draft_loads`` loaded already. ``at_fill`` (verify on tensor cores, the fill ``n`` known): keys
+    straight to their records' place ``sh_key[n + j]`` and raw vector log-decays to ``sh_G[n + j]``, so
+    ``sh_qd`` and ``sh_kd`` are free for the cumulate's fragments."""
     replay = mode == "replay"
     ex = decl.expressions()
-    key_store = "sh_kd" if replay else "sh_key"
+    key_store = "(sh_key + n * K)" if at_fill else "sh_kd" if replay else "sh_key"
     vectors = [("f", "key", key_store), ("f", "query", "sh_q")]  # (renderer prefix, field, shared array)
     scalar_lines = []
     decay_vector = None
     if decl.decay_form == "vector":
-        decay_vector = ("g", "decay", "sh_qd" if replay else "sh_g")
+        decay_vector = ("g", "decay", "(sh_G + n * K)" if at_fill else "sh_qd" if replay else "sh_g")
     elif decl.decay_form == "scalar":
         scalar_lines.append(("g", "decay", "sh_g[j] = {};" if replay else "sh_g[j] = expf({});"))
     strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
@@ -420,7 +422,8 @@ DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
                  writes: str = "static", folds: bool = True) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
-    drafts (verify on tensor cores rewrites them as fragments of that many columns); ``writes``: the
+    drafts (verify on tensor cores writes them as fragments of that many columns, ``sh_kd`` for delta
+    rules only); ``writes``: the
     write records ``sh_w`` in static shared memory, in ``dynamic`` shared memory (which lets the
     static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers);
     ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``)."""
@@ -435,7 +438,7 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
                   "dynamic": [DYNAMIC_SHARED, "float* const sh_w = reinterpret_cast<float*>(dynamic_shared);  // [NREC, W_PITCH]"],
                   "none": []}[writes]
         lines += [f"__shared__ __align__(16) float sh_qd[{tq} * K];",
-                  f"__shared__ __align__(16) float sh_kd[{tq} * K];",
+                  f"__shared__ __align__(16) float sh_kd[{tq} * K];" if decl.is_delta or not fragment_drafts else "",
                   f"__shared__ float sh_sq[{tn} * NREC];"]
         if decl.is_delta:  # the scores against the token's key: only the delta rule's correction reads them
             lines.append(f"__shared__ float sh_sk[{tn} * NREC];")

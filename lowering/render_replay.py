@@ -17,7 +17,7 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
-from .render_verify_mma import (FRAGMENT_DRAFTS, mma_fragment_gather, mma_scores, mma_state_loads, mma_verify_rows,
+from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
@@ -26,11 +26,16 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
 from .render_records import load_records, record_decay_sums, records_ready
 
 
-def _cumulate(decl, raw: dict) -> list[str]:
+def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
     """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'} (a running sum over the drafts, per element for a decay
     vector; with the decay's raw input in the records, ``raw``, their running sums first); the drafts'
     keys join the records' (sh_key[n + j]); the decayed query and key
-    e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements)."""
+    e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements),
+    or with ``fragments`` (verify on tensor cores, whose fields put the keys and raw decay vectors at
+    n + j: ``fields(at_fill=True)``) go to ``sh_qd`` / ``sh_kd`` in B-fragment order, the drafts from t
+    to FRAGMENT_DRAFTS as zeros (the rows' products read them after the next barrier)."""
+    if fragments:
+        return _cumulate_into_fragments(decl, raw)
     if decl.decay_form == "vector":  # records of raw decays: widened, not summed, so sum them here first
         start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
         step = ["acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
@@ -45,6 +50,27 @@ def _cumulate(decl, raw: dict) -> list[str]:
         "sh_kd[x] = key * dec;", "sh_qd[x] = sh_q[x] * dec;"]
     return (["for (int e = tid; e < K; e += THREADS) {"] + (["    " + start] if start else [])
             + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }", "}"])
+
+
+def _cumulate_into_fragments(decl, raw: dict) -> list[str]:
+    """``_cumulate`` for verify on tensor cores: the same running sums, read and written in place at
+    n + j, and the decayed queries (keys) written once, in B-fragment order (``fragment_slot``)."""
+    if decl.decay_form == "vector":
+        start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
+        step = ["acc += sh_G[(n + j) * K + e];  // the raw log-decay until the next line",
+                "sh_G[(n + j) * K + e] = acc;", "const float dec = expf(acc);"]
+    elif decl.decay_form == "scalar":
+        start, step = "float acc = n ? sh_G[n - 1] : 0.f;", [
+            "acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]
+    else:
+        start, step = "", ["const float dec = 1.f;"]
+    stores = ([("sh_kd", "sh_key[(n + j) * K + e] * dec")] if decl.is_delta else []) + [("sh_qd", "sh_q[j * K + e] * dec")]
+    body = step + ["const int y = fragment_slot(j, e);"] + [f"{a}[y] = {v};" for a, v in stores]
+    zeros = ([f"for (int j = t; j < {FRAGMENT_DRAFTS}; ++j) {{  // the columns past the drafts",
+              "    const int y = fragment_slot(j, e);"] + [f"    {a}[y] = 0.f;" for a, _ in stores] + ["}"])
+    return (["for (int e = tid; e < K; e += THREADS) {"] + (["    " + start] if start else [])
+            + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }"]
+            + ["    " + line for line in zeros] + ["}"])
 
 
 def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
@@ -248,7 +274,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         state += row_loads(CHECKPOINT_ROW.format(page="page"), "RREG")
     else:
         state += loads(CHECKPOINT_ROW.format(page="page"))
-    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted) + stage_row_fields(decl)
+    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores) + stage_row_fields(decl)
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
@@ -261,6 +287,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers)) + token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
+        assert not tensor_cores, "verify's fields on tensor cores write at the fill: n is known before them"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
         body += ((_arrive() if moves_fill else []) + state
@@ -274,13 +301,12 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
-    body += _cumulate(decl, raw)
+    body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
         body += mma_scores(decl)
     else:  # SIMT: the replay step, verify with a decay vector, verify off the tensor cores
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS")
-    body += mma_fragment_gather() if tensor_cores else []
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:

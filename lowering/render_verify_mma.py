@@ -22,7 +22,7 @@ from .render_blocks import Facts, epilogue, guarded, output_store, record_write_
 LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
 
 
-FRAGMENT_DRAFTS = 8  # columns of a B fragment: sh_qd and sh_kd hold 8 drafts' worth when they hold fragments
+FRAGMENT_DRAFTS = 8  # columns of a B fragment: sh_qd and sh_kd hold 8 drafts' worth when they hold fragments (zeros past t)
 
 
 def tensor_core_verify(program, launch) -> bool:
@@ -53,34 +53,6 @@ def mma_state_loads(state_expr: str) -> list[str]:
         "        }",
         "    }",
         "}",
-    ]
-
-
-def mma_fragment_gather() -> list[str]:
-    """The drafts' decayed queries (and keys) read in B-fragment order into registers (after the
-    cumulate barrier); ``mma_fragment_store`` writes them back over ``sh_qd`` (``sh_kd``) after the
-    next barrier, as ``float2`` per lane and chunk. Columns past the drafts are zeros."""
-    return [
-        "constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread",
-        "float2 frag[FRAGS];",
-        "#pragma unroll",
-        "for (int f = 0; f < FRAGS; ++f) {",
-        "    const int x = tid + f * THREADS, part = x / ((K / 8) * 32), kc = (x / 32) % (K / 8), fl = x % 32;",
-        "    const int d = fl >> 2, e = 4 * ((fl & 3) + 4 * (kc >> 1)) + 2 * (kc & 1);  // draft, first element",
-        "    const float* vec = (part ? sh_kd : sh_qd) + d * K + e;",
-        "    frag[f] = x < PARTS * (K / 8) * 32 && d < t ? make_float2(vec[0], vec[1]) : make_float2(0.f, 0.f);",
-        "}",
-    ]
-
-
-def mma_fragment_store() -> list[str]:
-    return [
-        "#pragma unroll",
-        "for (int f = 0; f < FRAGS; ++f) {",
-        "    const int x = tid + f * THREADS, part = x / ((K / 8) * 32);",
-        "    if (x < PARTS * (K / 8) * 32) reinterpret_cast<float2*>(part ? sh_kd : sh_qd)[x % ((K / 8) * 32)] = frag[f];",
-        "}",
-        "__syncthreads();",
     ]
 
 
@@ -199,4 +171,4 @@ def _outputs(decl, f: Facts) -> list[str]:
 
 def mma_verify_rows(decl, f: Facts, append_guard) -> list[str]:
     """Verify's row work on tensor cores: products, the drafts' recurrence, outputs."""
-    return mma_fragment_store() + _products(decl) + _drafts_in_order(decl, f, append_guard) + _outputs(decl, f)
+    return _products(decl) + _drafts_in_order(decl, f, append_guard) + _outputs(decl, f)

@@ -384,6 +384,11 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4
     mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
     mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
 }
+// Where element e of draft d lies in an array of B fragments ([K / 8][32 lanes] float2: lane 4 d + q of
+// chunk kc holds elements 16 (kc / 2) + 4 q + 2 (kc % 2) and the one after it; K a multiple of 16).
+__device__ __forceinline__ int fragment_slot(int d, int e) {
+    return 2 * ((2 * (e >> 4) + ((e >> 1) & 1)) * 32 + 4 * d + ((e >> 2) & 3)) + (e & 1);
+}
 // A B fragment (two fp32 values of this lane) split for mma_3xtf32.
 __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     uint4 b;
