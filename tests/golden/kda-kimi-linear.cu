@@ -431,6 +431,11 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4
     mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
     mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
 }
+// Where element e of draft d lies in an array of B fragments ([K / 8][32 lanes] float2: lane 4 d + q of
+// chunk kc holds elements 16 (kc / 2) + 4 q + 2 (kc % 2) and the one after it; K a multiple of 16).
+__device__ __forceinline__ int fragment_slot(int d, int e) {
+    return 2 * ((2 * (e >> 4) + ((e >> 1) & 1)) * 32 + 4 * d + ((e >> 2) & 3)) + (e & 1);
+}
 // A B fragment (two fp32 values of this lane) split for mma_3xtf32.
 __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     uint4 b;
@@ -1309,15 +1314,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
-    int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;
-    const bool flush = n + t > CAPACITY;
-    if (flush) {
-        n = 0;  // the buffer was folded into dst before this launch
-    }
     int page = src;
-    if (flush) {
-        page = dst;
+    if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
+        const int n = __ldcg(fill + slot);
+        const bool flush = n + t > CAPACITY;
+        if (flush) {
+            page = dst;
+        }
     }
     float pre_q[KE];  // draft j = warp's q, loaded before the state rows
     #pragma unroll
@@ -1353,6 +1356,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
                 sm[mt][h][4 * m] = x.x; sm[mt][h][4 * m + 1] = x.y; sm[mt][h][4 * m + 2] = x.z; sm[mt][h][4 * m + 3] = x.w;
             }
         }
+    }
+    int n = fill[slot];
+    if (n < 0 || n > CAPACITY) return;
+    const bool flush = n + t > CAPACITY;
+    if (flush) {
+        n = 0;  // the buffer was folded into dst before this launch
     }
     if (!flush) {
         stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -1412,7 +1421,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { sh_kd[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; sh_qd[j * K + e] = g7[i]; }
+            if (e < K) { (sh_key + n * K)[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; (sh_G + n * K)[j * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
     }
@@ -1430,14 +1439,17 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int e = tid; e < K; e += THREADS) {
         float acc = n ? sh_G[(n - 1) * K + e] : 0.f;
         for (int j = 0; j < t; ++j) {
-            const int x = j * K + e;
-            acc += sh_qd[x];  // the raw log-decay until this line
+            acc += sh_G[(n + j) * K + e];  // the raw log-decay until the next line
             sh_G[(n + j) * K + e] = acc;
             const float dec = expf(acc);
-            const float key = sh_kd[x];
-            sh_key[(n + j) * K + e] = key;
-            sh_kd[x] = key * dec;
-            sh_qd[x] = sh_q[x] * dec;
+            const int y = fragment_slot(j, e);
+            sh_kd[y] = sh_key[(n + j) * K + e] * dec;
+            sh_qd[y] = sh_q[j * K + e] * dec;
+        }
+        for (int j = t; j < 8; ++j) {  // the columns past the drafts
+            const int y = fragment_slot(j, e);
+            sh_kd[y] = 0.f;
+            sh_qd[y] = 0.f;
         }
     }
     __syncthreads();
@@ -1467,24 +1479,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
                 (u < VERIFY_SCORE_RECORDS ? sh_sq : sh_sk)[j * NREC + rec] = sum * 1.f;
         }
     }
-    constexpr int FRAGS = (PARTS * (K / 8) * 32 + THREADS - 1) / THREADS;  // fragment pairs per thread
-    float2 frag[FRAGS];
-    #pragma unroll
-    for (int f = 0; f < FRAGS; ++f) {
-        const int x = tid + f * THREADS, part = x / ((K / 8) * 32), kc = (x / 32) % (K / 8), fl = x % 32;
-        const int d = fl >> 2, e = 4 * ((fl & 3) + 4 * (kc >> 1)) + 2 * (kc & 1);  // draft, first element
-        const float* vec = (part ? sh_kd : sh_qd) + d * K + e;
-        frag[f] = x < PARTS * (K / 8) * 32 && d < t ? make_float2(vec[0], vec[1]) : make_float2(0.f, 0.f);
-    }
     if (blockIdx.x == 0) {
         for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = sh_G[n * K + x];
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
-    }
-    __syncthreads();
-    #pragma unroll
-    for (int f = 0; f < FRAGS; ++f) {
-        const int x = tid + f * THREADS, part = x / ((K / 8) * 32);
-        if (x < PARTS * (K / 8) * 32) reinterpret_cast<float2*>(part ? sh_kd : sh_qd)[x % ((K / 8) * 32)] = frag[f];
     }
     __syncthreads();
     float cq[MT][4], ck[MT][4];
