@@ -98,13 +98,27 @@ class LaunchConfig:
         return self.warps * self.rows_per_warp
 
 
-def choose_launch(shape, rows: int) -> LaunchConfig:
+FRAGMENT_DRAFTS = 8  # columns of a tensor-core B fragment: verify on tensor cores takes at most 8 drafts
+
+
+def verify_fits_tensor_cores(shape, config) -> bool:
+    """Whether verify's rows can run on tensor cores (at a launch without a register cap below 128):
+    fp32 state, K a multiple of 16, at most ``FRAGMENT_DRAFTS`` drafts."""
+    return config.state_dtype == "float32" and shape.k_dim % 16 == 0 and config.max_drafts <= FRAGMENT_DRAFTS
+
+
+def choose_launch(shape, rows: int, family: str = "replay", config=None) -> LaunchConfig:
     """Launch shape for ``rows`` batch rows when the autotuner has no entry, from the H200 runs in
     docs/performance.md: 16-row CTAs while that leaves fewer than two CTAs per SM (small batches);
-    otherwise the largest CTA of 4 warps that wastes no rows past V (64, 40 or 32 rows: the most state
+    otherwise, for the verify family on tensor cores (``config`` given and
+    ``verify_fits_tensor_cores``), a whole head per CTA in 16-row tiles (``8x16`` at V = 128, ``5x16``
+    at 80, ``4x16`` at 64; at most 8 warps), which the tuner picks for every preset from B = 8 on, so
+    each head's head-level work runs once; for the others the largest CTA of 4 warps that wastes no rows past V (64, 40 or 32 rows: the most state
     in flight per SM; 40 for V = 80), else 16-row CTAs under a 64-register cap (8 per SM)."""
     if rows * shape.heads * -(-shape.v_dim // 16) < 2 * SMS_H200:
         return LaunchConfig(warps=4, rows_per_warp=4)
+    if family == "verify" and config is not None and verify_fits_tensor_cores(shape, config):
+        return LaunchConfig(warps=min(8, -(-shape.v_dim // 16)), rows_per_warp=16)
     for rows_per_warp in (16, 10, 8):
         if shape.v_dim % (4 * rows_per_warp) == 0:
             return LaunchConfig(warps=4, rows_per_warp=rows_per_warp)

@@ -17,20 +17,18 @@ are tensor-core products too (``mma_scores``).
 
 from __future__ import annotations
 
+from .launch import FRAGMENT_DRAFTS, verify_fits_tensor_cores
 from .render_blocks import Facts, epilogue, guarded, output_store, record_write_store, row_field
 
 LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
 
 
-FRAGMENT_DRAFTS = 8  # columns of a B fragment: sh_qd and sh_kd hold 8 drafts' worth when they hold fragments (zeros past t)
-
-
 def tensor_core_verify(program, launch) -> bool:
-    """Whether verify's rows run on tensor cores: fp32 state, K a multiple of 16, at most 8 drafts, and
-    no register cap below 128 (a lane holds K / 2 state values per 16-row tile however few rows its
-    warp owns: under a cap they spill, and the SIMT rows serve those launch shapes)."""
-    return (program.config.state_dtype == "float32" and program.shape.k_dim % 16 == 0
-            and program.config.max_drafts <= FRAGMENT_DRAFTS and launch.max_registers >= 128)
+    """Whether verify's rows run on tensor cores: fp32 state, K a multiple of 16, at most 8 drafts
+    (``verify_fits_tensor_cores``), and no register cap below 128 (a lane holds K / 2 state values per
+    16-row tile however few rows its warp owns: under a cap they spill, and the SIMT rows serve those
+    launch shapes). ``sh_qd`` and ``sh_kd`` then hold ``FRAGMENT_DRAFTS`` drafts' worth of fragments."""
+    return verify_fits_tensor_cores(program.shape, program.config) and launch.max_registers >= 128
 
 
 def mma_state_loads(state_expr: str) -> list[str]:

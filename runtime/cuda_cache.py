@@ -94,7 +94,8 @@ class CudaReplayCache(ReplayCacheBase):
         ``rows`` and family."""
         if (rows, family) in self._fitting:
             return self._fitting[rows, family]
-        fallbacks = [choose_launch(self.shape, rows), LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 2)]
+        fallbacks = [choose_launch(self.shape, rows, family, self.config), LaunchConfig(4, 4), LaunchConfig(4, 2),
+                     LaunchConfig(2, 2)]
         spilling = None
         for launch in dict.fromkeys(fallbacks):
             compiled = self._compiled.get((launch, family)) or self._new_module(launch, family)

@@ -47,6 +47,36 @@ def test_every_kernel_compiles_for_sm90_without_spills(variant, shape, batch):
         assert res.registers <= 128, f"{name}: {res.registers} registers"
 
 
+@pytest.mark.parametrize("preset,label", [("qwen3.5-4b", "8x16"), ("nemotron-nano-4b", "5x16"),
+                                          ("nemotron-super-120b", "4x16"), ("kimi-linear", "8x16")])
+def test_untuned_verify_takes_a_whole_head_per_cta_in_16_row_tiles(preset, label):
+    shape = SHAPES[preset]
+    assert choose_launch(shape, 256, "verify", ReplayConfig()).label == label
+    assert choose_launch(shape, 256, "replay", ReplayConfig()) == choose_launch(shape, 256)  # the others' rule
+    # off the tensor cores (a half-precision checkpoint): the others' rule
+    assert choose_launch(shape, 256, "verify", ReplayConfig(state_dtype="bfloat16")) == choose_launch(shape, 256)
+
+
+def test_untuned_verify_of_a_batch_under_two_ctas_per_sm_takes_16_row_ctas():
+    shape = SHAPES["qwen3.5-4b"]  # 32 heads of 8 16-row tiles: 256 CTAs at B = 1, under 2 per SM
+    assert choose_launch(shape, 1, "verify", ReplayConfig()).label == "4x4"
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("variant,shape", CASES)
+def test_verify_family_default_launch_compiles_without_spills(variant, shape):
+    """The untuned default of the verify family at a large batch (a whole head per CTA on tensor cores,
+    where they apply) builds clean: its kernels are what a cache without a tuner's entry runs."""
+    from replayssm_dsl.runtime.autotune import group_kernels
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    program = lower(variants.get(variant), SHAPES[shape], ReplayConfig())
+    launch = choose_launch(SHAPES[shape], 256, "verify", program.config)
+    result = compile_cubin(render_program(program, launch, group_kernels(program, "verify")), f"{variant}-{shape}.cu")
+    assert result.resources and not result.warnings, result.log
+    for name, res in result.resources.items():
+        assert res.clean, f"{launch.label} {name}: {res} (ptxas report:\n{result.log})"
+
+
 # Group options that may spill for a built-in shape (verify's 8x8/r64/p4: 16 B for KDA's decay vector,
 # as 8x8/r64 itself spills, and 4 B for Mamba-2 at V = 80; the replay step's 4x20/r96/s10: 4 B for GDN;
 # 8x16/r80/s8: 48 B for GDN and KDA, 16 B for Mamba-2 at V = 80; 8x12/r80/s4 and 8x16/r80/s10: 4 B for
