@@ -89,8 +89,8 @@ def mma_scores(decl) -> list[str]:
 def _products(decl) -> list[str]:
     """cq (and ck) += state rows × drafts' queries (keys), then + write records × scores."""
     delta = decl.is_delta
-    acc = "float cq[MT][4]" + (", ck[MT][4]" if delta else "") + ";"
-    zero = "for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f;" + (" ck[mt][i] = 0.f;" if delta else "") + " }"
+    acc = "float cq[MT][4], cqs[MT][4]" + (", ck[MT][4], cks[MT][4]" if delta else "") + ";"
+    zero = "for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f; cqs[mt][i] = 0.f;" + (" ck[mt][i] = 0.f; cks[mt][i] = 0.f;" if delta else "") + " }"
     state = ["#pragma unroll", "for (int kc = 0; kc < K / 8; ++kc) {",
              "    const float2 fq = reinterpret_cast<const float2*>(sh_qd)[kc * 32 + lane];", "    const uint4 bq = split_b_fragment(fq.x, fq.y);"]
     if delta:
@@ -99,10 +99,12 @@ def _products(decl) -> list[str]:
               "    #pragma unroll", "    for (int mt = 0; mt < MT; ++mt) {",
               "        unsigned ab[4], as[4];",
               "        split_a_fragment(sm[mt][0][i], sm[mt][1][i], sm[mt][0][i + 1], sm[mt][1][i + 1], ab, as);",
-              "        mma_3xtf32(cq[mt], ab, as, bq);"]
+              "        mma_3xtf32_two(cq[mt], cqs[mt], ab, as, bq);"]
     if delta:
-        state.append("        mma_3xtf32(ck[mt], ab, as, bk);")
+        state.append("        mma_3xtf32_two(ck[mt], cks[mt], ab, as, bk);")
     state += ["    }", "}"]
+    state += ["#pragma unroll", "for (int mt = 0; mt < MT; ++mt)", "    #pragma unroll",
+              "    for (int i = 0; i < 4; ++i) { cq[mt][i] += cqs[mt][i];" + (" ck[mt][i] += cks[mt][i];" if delta else "") + " }"]
     rec_b = ["    const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,",
              "                                      i1 < n && g < t ? sh_sq[g * NREC + i1] : 0.f);"]
     if delta:

@@ -389,6 +389,14 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4
 __device__ __forceinline__ int fragment_slot(int d, int e) {
     return 2 * ((2 * (e >> 4) + ((e >> 1) & 1)) * 32 + 4 * d + ((e >> 2) & 3)) + (e & 1);
 }
+// mma_3xtf32 into two accumulators: the big × big product into c, the two correction products into
+// cs (each chain half as long; the caller adds cs into c once).
+__device__ __forceinline__ void mma_3xtf32_two(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+                                               const unsigned (&as)[4], const uint4& b) {
+    mma_tf32(cs, as[0], as[1], as[2], as[3], b.x, b.y);
+    mma_tf32(cs, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
+}
 // A B fragment (two fp32 values of this lane) split for mma_3xtf32.
 __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     uint4 b;
