@@ -436,6 +436,14 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4
 __device__ __forceinline__ int fragment_slot(int d, int e) {
     return 2 * ((2 * (e >> 4) + ((e >> 1) & 1)) * 32 + 4 * d + ((e >> 2) & 3)) + (e & 1);
 }
+// mma_3xtf32 into two accumulators: the big × big product into c, the two correction products into
+// cs (each chain half as long; the caller adds cs into c once).
+__device__ __forceinline__ void mma_3xtf32_two(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+                                               const unsigned (&as)[4], const uint4& b) {
+    mma_tf32(cs, as[0], as[1], as[2], as[3], b.x, b.y);
+    mma_tf32(cs, ab[0], ab[1], ab[2], ab[3], b.z, b.w);
+    mma_tf32(c, ab[0], ab[1], ab[2], ab[3], b.x, b.y);
+}
 // A B fragment (two fp32 values of this lane) split for mma_3xtf32.
 __device__ __forceinline__ uint4 split_b_fragment(float x0, float x1) {
     uint4 b;
@@ -1417,11 +1425,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
     __syncthreads();
-    float cq[MT][4], ck[MT][4];
+    float cq[MT][4], cqs[MT][4], ck[MT][4], cks[MT][4];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
         #pragma unroll
-        for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f; ck[mt][i] = 0.f; }
+        for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f; cqs[mt][i] = 0.f; ck[mt][i] = 0.f; cks[mt][i] = 0.f; }
     #pragma unroll
     for (int kc = 0; kc < K / 8; ++kc) {
         const float2 fq = reinterpret_cast<const float2*>(sh_qd)[kc * 32 + lane];
@@ -1433,10 +1441,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         for (int mt = 0; mt < MT; ++mt) {
             unsigned ab[4], as[4];
             split_a_fragment(sm[mt][0][i], sm[mt][1][i], sm[mt][0][i + 1], sm[mt][1][i + 1], ab, as);
-            mma_3xtf32(cq[mt], ab, as, bq);
-            mma_3xtf32(ck[mt], ab, as, bk);
+            mma_3xtf32_two(cq[mt], cqs[mt], ab, as, bq);
+            mma_3xtf32_two(ck[mt], cks[mt], ab, as, bk);
         }
     }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) { cq[mt][i] += cqs[mt][i]; ck[mt][i] += cks[mt][i]; }
     for (int kr = 0; 8 * kr < n; ++kr) {  // the buffer's records, 8 per product
         const int i0 = 8 * kr + quad, i1 = i0 + 4;  // this lane's records (fragment columns)
         const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,
