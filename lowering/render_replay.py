@@ -36,15 +36,7 @@ def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
     to FRAGMENT_DRAFTS as zeros (the rows' products read them after the next barrier)."""
     if fragments:
         return _cumulate_into_fragments(decl, raw)
-    if decl.decay_form == "vector":  # records of raw decays: widened, not summed, so sum them here first
-        start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
-        step = ["acc += sh_qd[x];  // the raw log-decay until this line", "sh_G[(n + j) * K + e] = acc;",
-                "const float dec = expf(acc);"]
-    elif decl.decay_form == "scalar":
-        start, step = "float acc = n ? sh_G[n - 1] : 0.f;", [
-            "acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]
-    else:
-        start, step = "", ["const float dec = 1.f;"]
+    start, step = _running_decay(decl, raw, "sh_qd[x]", "this line")
     body = ["const int x = j * K + e;"] + step + [
         "const float key = sh_kd[x];", "sh_key[(n + j) * K + e] = key;",
         "sh_kd[x] = key * dec;", "sh_qd[x] = sh_q[x] * dec;"]
@@ -52,18 +44,24 @@ def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
             + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }", "}"])
 
 
+def _running_decay(decl, raw: dict, raw_vector: str, until: str) -> tuple[str, list[str]]:
+    """The cumulate's running sum at element e: the C line before the drafts' loop (``start``, empty
+    without a decay) and draft j's lines (``step``) that end with ``dec`` = e^{G_{n+j}}; a decay
+    vector's raw log-decay of draft j is read from ``raw_vector`` (overwritten no earlier than ``until``)."""
+    if decl.decay_form == "vector":  # records of raw decays: widened, not summed, so sum them here first
+        start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
+        return start, [f"acc += {raw_vector};  // the raw log-decay until {until}", "sh_G[(n + j) * K + e] = acc;",
+                       "const float dec = expf(acc);"]
+    if decl.decay_form == "scalar":
+        return "float acc = n ? sh_G[n - 1] : 0.f;", ["acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;",
+                                                      "const float dec = expf(acc);"]
+    return "", ["const float dec = 1.f;"]
+
+
 def _cumulate_into_fragments(decl, raw: dict) -> list[str]:
     """``_cumulate`` for verify on tensor cores: the same running sums, read and written in place at
     n + j, and the decayed queries (keys) written once, in B-fragment order (``fragment_slot``)."""
-    if decl.decay_form == "vector":
-        start = record_decay_sums("n") if "decay" in raw else "float acc = n ? sh_G[(n - 1) * K + e] : 0.f;"
-        step = ["acc += sh_G[(n + j) * K + e];  // the raw log-decay until the next line",
-                "sh_G[(n + j) * K + e] = acc;", "const float dec = expf(acc);"]
-    elif decl.decay_form == "scalar":
-        start, step = "float acc = n ? sh_G[n - 1] : 0.f;", [
-            "acc += sh_g[j];", "if (e == 0) sh_G[n + j] = acc;", "const float dec = expf(acc);"]
-    else:
-        start, step = "", ["const float dec = 1.f;"]
+    start, step = _running_decay(decl, raw, "sh_G[(n + j) * K + e]", "the next line")
     stores = ([("sh_kd", "sh_key[(n + j) * K + e] * dec")] if decl.is_delta else []) + [("sh_qd", "sh_q[j * K + e] * dec")]
     body = step + ["const int y = fragment_slot(j, e);"] + [f"{a}[y] = {v};" for a, v in stores]
     zeros = ([f"for (int j = t; j < {FRAGMENT_DRAFTS}; ++j) {{  // the columns past the drafts",
