@@ -26,5 +26,10 @@ def test_every_bound_edits_the_rendered_verify(preset_name, label):
     launch = BOUNDS.TUNED[preset_name]
     edits, skip_flush = BOUNDS.variant_edits(label)
     base = BOUNDS.patched_renderer([])(program, launch)
-    source = BOUNDS.patched_renderer(edits)(program, launch)  # NotApplicable names the edit that no longer applies
+    try:
+        source = BOUNDS.patched_renderer(edits)(program, launch)  # NotApplicable names the edit that no longer applies
+    except BOUNDS.NotApplicable:
+        if label in BOUNDS.FAMILY_SPECIFIC:  # (the script prints n/a for this family)
+            return
+        raise
     assert skip_flush or source != base, f"{label}: the edit changed nothing"
