@@ -101,6 +101,7 @@ VALUE_STAGE = ("    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {\
                "    }\n")
 VALUES_FIRST = [  # the raw token v as the only row field (GDN, KDA); full tiles of a V multiple of 4: 16-byte copies
     _replace(VALUE_STAGE, "", "values by cp.async before the rows (the raw value the only row field)"),
+    _replace("    __shared__ float sh_value[TMAX * BV];", "    __shared__ __align__(16) float sh_value[TMAX * BV];", "values aligned"),
     _before_rows("    for (int x = 4 * tid; x < t * BV; x += 4 * THREADS)  // the drafts' values, no registers held\n"
                  "        cp_async16(sh_value + x, tok_v + ((size_t)(b * t_tok + x / BV) * HV + hv) * V + v0 + x % BV);\n",
                  "values by cp.async before the rows")]
