@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import argparse
 
-from experiment_variants import in_kernel, patched_renderer, scratch_cache  # this folder's script (run as scripts/...)
+from experiment_variants import (NotApplicable, in_kernel, patched_renderer, row_inputs_first,  # this folder's script
+                                 scratch_cache)
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
@@ -51,10 +52,6 @@ def _replace(old: str, new: str, label: str, kernel: str = "verify"):
             raise NotApplicable(label)
         return text.replace(old, new, 1)
     return in_kernel(kernel, edit)
-
-
-class NotApplicable(Exception):
-    """A variant's edit finds nothing to change in this family's source (its row prints n/a)."""
 
 
 def _light_flush_check(text: str) -> str:
@@ -132,6 +129,7 @@ def _queries_split_once(text: str) -> str:
 
 
 QUERIES_SPLIT_ONCE = in_kernel("verify", _queries_split_once)
+ROW_INPUTS_FIRST = row_inputs_first("verify", "    if (t < 1 || t > TMAX || t > t_tok) return;\n")  # every family's row inputs
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -145,7 +143,8 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "fill before the rows": FILL_FIRST, "values by cp.async before the rows": VALUES_FIRST,
             "scores of used keys only": [USED_SCORES], "queries split once": [QUERIES_SPLIT_ONCE],
             "fill and values before the rows": FILL_FIRST + VALUES_FIRST,
-            "fill and values first, used scores, queries split once": FILL_FIRST + VALUES_FIRST + [USED_SCORES, QUERIES_SPLIT_ONCE]}
+            "fill and values first, used scores, queries split once": FILL_FIRST + VALUES_FIRST + [USED_SCORES, QUERIES_SPLIT_ONCE],
+            "row inputs first": [ROW_INPUTS_FIRST]}
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
 # vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments;
 # Mamba-2's row fields (skip, gate) are more than the raw value
