@@ -66,7 +66,7 @@ FILL_UNHELD = "n < 0 || n > CAPACITY"  # a fill no kernel writes
 NEXT_FILL = {"zero": "0", "advance": "(n + 1 >= WINDOW) ? 0 : n + 1"}  # set_fill's values (commit: render_cuda)
 
 
-def token_prefetch(decl, drafts: bool) -> list[str]:
+def token_prefetch(decl, drafts: bool, copied: tuple = ()) -> list[str]:
     """The lines of the token inputs that this CTA reads, asked of L1 before the state rows' loads.
     The fields load the tokens after the rows in program order; without the prefetch those loads
     queue behind the CTA's state bytes, and the first barrier waits for them (the stall sampling of
@@ -74,9 +74,12 @@ def token_prefetch(decl, drafts: bool) -> list[str]:
     128-byte line per lane (up to 32: a hint, past that the loads fetch the rest). One token: its
     lines in order. Drafts (all ``t_tok`` of the tensor, as the drafts per row are not known yet):
     each draft's lines on consecutive lanes. Nothing here depends on the fill or the slot, so the
-    prefetches go before the row checks."""
+    prefetches go before the row checks. Inputs ``copied`` to shared memory before the rows
+    (``render_row_inputs``) are not prefetched; the others keep their warps."""
     lines = []
     for i, spec in enumerate(s for s in decl.inputs if s.kind == "token"):
+        if spec.name in copied:
+            continue
         heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
         per_line = 64 if spec.dtype == "bfloat16" else 32  # elements per 128-byte line
         if not drafts:
@@ -251,9 +254,11 @@ def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool, hoisted:
 ROW_FIELDS = ("value", "skip", "gate")
 
 
-def row_field_decls(decl, tn: str) -> list[str]:
+def row_field_decls(decl, tn: str, aligned: bool = False) -> list[str]:
+    """The row fields' arrays ``[tn, BV]``; ``aligned``: 16-byte aligned, for copies into them."""
     roles = [role for role in ROW_FIELDS if role in decl.expressions()]
-    return [f"__shared__ float sh_{role}[{tn} * BV];" for role in roles]
+    align = "__align__(16) " if aligned else ""
+    return [f"__shared__ {align}float sh_{role}[{tn} * BV];" for role in roles]
 
 
 def stage_row_fields(decl) -> list[str]:
@@ -420,13 +425,14 @@ DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[
 
 
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
-                 writes: str = "static", folds: bool = True) -> list[str]:
+                 writes: str = "static", folds: bool = True, row_copies: bool = False) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
     drafts (verify on tensor cores writes them as fragments of that many columns, ``sh_kd`` for delta
     rules only); ``writes``: the
     write records ``sh_w`` in static shared memory, in ``dynamic`` shared memory (which lets the
     static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers);
-    ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``)."""
+    ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``);
+    ``row_copies``: row inputs are copied into the row fields' arrays (``render_row_inputs``)."""
     tn = "TMAX" if drafts else "1"
     tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
@@ -447,4 +453,4 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
     elif decl.decay_form == "vector":
         lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];" if folds else ""] if replay else [
             f"__shared__ __align__(16) float sh_g[{tn} * K];"]
-    return [line for line in lines if line] + row_field_decls(decl, tn)
+    return [line for line in lines if line] + row_field_decls(decl, tn, aligned=row_copies)

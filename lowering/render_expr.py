@@ -8,7 +8,8 @@ A scalar node renders as ``float``; a K-vector node as ``float x[KE]``. ``L2NORM
 with ``warp_sum``. Inputs read the token buffers ``[B, T, heads(, size)]`` at token ``j`` and the
 parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``; a bf16 token input is widened as it is read (``bf16_bits_to_f32``). A ``hoisted``
 K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``); a ``sources``
-input is read from a register array (a record's raw input: ``widen_records``).
+input is read from a register array (a record's raw input: ``widen_records``); a ``staged`` V-sized input
+from its copy in shared memory at ``x`` (``render_row_inputs``).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def input_load(spec, index: str, token: str = "j") -> str:
 class ExprRenderer:
     """Renders expressions of one declaration; ``prefix`` keeps variable names unique per use."""
 
-    def __init__(self, declaration, prefix: str, hoisted: tuple = (), sources: dict | None = None):
+    def __init__(self, declaration, prefix: str, hoisted: tuple = (), sources: dict | None = None,
+                 staged: dict | None = None):
         self.decl, self.prefix = declaration, prefix
         self.hoisted = hoisted  # K-sized token inputs whose draft j = warp is already in pre_<name>[KE]
         self.sources = sources or {}  # K-sized token inputs read from a register array instead: name -> array
+        self.staged = staged or {}  # V-sized token inputs copied to shared memory [t, BV], read at x: name -> array
         self.names: dict[int, str] = {}
         self.lines: list[str] = []
 
@@ -62,6 +65,9 @@ class ExprRenderer:
         spec = self.decl.input(node.arg)
         if spec.name in self.sources and spec.size == "K" and index == "e":
             return f"{self.sources[spec.name]}[i]"
+        if spec.name in self.staged and spec.size == "V":
+            element = f"{self.staged[spec.name]}[x]"
+            return f"bf16_bits_to_f32({element})" if spec.dtype == "bfloat16" else element
         load = input_load(spec, index)
         if spec.name in self.hoisted and spec.size == "K" and index == "e":
             return f"(j == warp ? pre_{spec.name}[i] : {load})"

@@ -24,6 +24,7 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 from .render_records import load_records, record_decay_sums, records_ready
+from .render_row_inputs import computed_row_fields, stage_row_input_copies, staged_row_input_decls, staged_row_inputs
 
 
 def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
@@ -256,13 +257,16 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     raw = raw_record_inputs(decl, program.config)  # record fields kept as the token's raw bf16 input
     writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
     assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
+    # verify on tensor cores copies its row inputs to shared memory before the state rows (render_row_inputs)
+    staged = staged_row_inputs(decl, program.shape.v_dim, launch.rows_per_cta) if tensor_cores else {}
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes,
-                                  folds="fold_tokens" in f.stmts)
+                                  folds="fold_tokens" in f.stmts, row_copies=bool(staged))
+    body += staged_row_input_decls(decl, staged)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
         body += [DYNAMIC_SHARED,
                  "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(dynamic_shared);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
-    body += token_prefetch(decl, f.drafts) + row_check_lines(f)
+    body += token_prefetch(decl, f.drafts, copied=tuple(staged)) + row_check_lines(f) + stage_row_input_copies(decl, staged)
     loads = mma_state_loads if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
     page_waits_on_fill = "load_state:checkpoint:dst" in f.guards
@@ -272,13 +276,15 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         state += row_loads(CHECKPOINT_ROW.format(page="page"), "RREG")
     else:
         state += loads(CHECKPOINT_ROW.format(page="page"))
-    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores) + stage_row_fields(decl)
+    token_fields = (fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores)
+                    + ([] if staged else stage_row_fields(decl)))
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
     if page_waits_on_fill or "empty_records" in f.stmts:
         # the state rows' loads first: only a shared page waits for the fill to pick src or dst
-        body += (state if page_waits_on_fill else []) + fill_load_lines(f)
+        # (a row that stops at its fill first waits for the row inputs' copies in flight)
+        body += (state if page_waits_on_fill else []) + fill_load_lines(f, copies_in_flight="cp_async_wait();" if staged else "")
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
         body += ([] if page_waits_on_fill else state)
@@ -299,6 +305,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
+    body += computed_row_fields(decl, staged) if staged else []  # read by the rows, two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":

@@ -162,6 +162,25 @@ __device__ __forceinline__ void cp_async_ca(float* smem, const float* gmem, bool
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(BYTES),
                  "r"(valid ? BYTES : 0));
 }
+// 16 bytes through L2 only (cg); zeros, and nothing read, when not valid.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+// Rows [v0, v0 + BV) of `count` tokens' per-row input (token j's rows from src + j * stride) into shared
+// memory [count, BV], by cp.async: no registers held, so issued before the state rows' loads, the
+// copies do not queue behind the rows' bytes. 16-byte chunks of 16 / sizeof(T) elements, BV and V
+// multiples of that (the generator checks), so a chunk lies below V or past it whole (past V: zeros).
+template <typename T>
+__device__ __forceinline__ void stage_token_rows(T* __restrict__ dst, const T* __restrict__ src, size_t stride,
+                                                 int count, int v0, int tid) {
+    constexpr int CHUNK = 16 / (int)sizeof(T);
+    static_assert(BV % CHUNK == 0 && V % CHUNK == 0, "stage_token_rows: 16-byte chunks must tile the rows and V");
+    for (int x = CHUNK * tid; x < count * BV; x += CHUNK * THREADS) {
+        const int row = v0 + x % BV;
+        cp_async16_zfill(dst + x, src + (size_t)(x / BV) * stride + (row < V ? row : 0), row < V);
+    }
+}
 // Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }

@@ -209,6 +209,25 @@ __device__ __forceinline__ void cp_async_ca(float* smem, const float* gmem, bool
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(gmem), "n"(BYTES),
                  "r"(valid ? BYTES : 0));
 }
+// 16 bytes through L2 only (cg); zeros, and nothing read, when not valid.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+// Rows [v0, v0 + BV) of `count` tokens' per-row input (token j's rows from src + j * stride) into shared
+// memory [count, BV], by cp.async: no registers held, so issued before the state rows' loads, the
+// copies do not queue behind the rows' bytes. 16-byte chunks of 16 / sizeof(T) elements, BV and V
+// multiples of that (the generator checks), so a chunk lies below V or past it whole (past V: zeros).
+template <typename T>
+__device__ __forceinline__ void stage_token_rows(T* __restrict__ dst, const T* __restrict__ src, size_t stride,
+                                                 int count, int v0, int tid) {
+    constexpr int CHUNK = 16 / (int)sizeof(T);
+    static_assert(BV % CHUNK == 0 && V % CHUNK == 0, "stage_token_rows: 16-byte chunks must tile the rows and V");
+    for (int x = CHUNK * tid; x < count * BV; x += CHUNK * THREADS) {
+        const int row = v0 + x % BV;
+        cp_async16_zfill(dst + x, src + (size_t)(x / BV) * stride + (row < V ? row : 0), row < V);
+    }
+}
 // Ask L1 for the 128-byte line that holds `p`: a hint, nothing waits on it; the load that later reads
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
@@ -1314,14 +1333,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_sk[TMAX * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
-    __shared__ float sh_value[TMAX * BV];
+    __shared__ __align__(16) float sh_value[TMAX * BV];
     if (warp == 0 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_q + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
     if (warp == 1 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_k + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
-    if (warp == 2 % WARPS && lane < t_tok * ((BV + 31) / 32) && (lane % ((BV + 31) / 32)) * 32 < min(BV, V - v0)) prefetch_l1(tok_v + ((size_t)(b * t_tok + lane / ((BV + 31) / 32)) * HV + hv) * V + v0 + (lane % ((BV + 31) / 32)) * 32);
     if (warp == 3 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_g_raw + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * HV + hv) * K + (lane % ((K + 31) / 32)) * 32);
     if (warp == 4 % WARPS && lane < t_tok) prefetch_l1(tok_b + ((size_t)(b * t_tok + lane) * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
+    stage_token_rows(sh_value, tok_v + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
     int page = src;
     if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
         const int n = __ldcg(fill + slot);
@@ -1366,7 +1385,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     int n = fill[slot];
-    if (n < 0 || n > CAPACITY) return;
+    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + t > CAPACITY;
     if (flush) {
         n = 0;  // the buffer was folded into dst before this launch
@@ -1432,15 +1451,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             if (e < K) { (sh_key + n * K)[j * K + e] = f1[i]; sh_q[j * K + e] = f6[i]; (sh_G + n * K)[j * K + e] = g7[i]; }
         }
         if (lane == 0) { sh_beta[j] = s1; }
-    }
-    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {
-        const int j = x / BV, row = v0 + x % BV;
-        if (row < V) {
-            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];
-            sh_value[x] = r0;
-        } else {
-            sh_value[x] = 0.f;
-        }
     }
     cp_async_wait();
     __syncthreads();

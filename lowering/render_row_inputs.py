@@ -1,0 +1,78 @@
+"""Lowering layer: verify's per-row token inputs copied to shared memory before the state rows.
+
+The row fields (value; Mamba-2's skip and silu(gate)) read per-row token inputs (``v``; ``x`` and
+``z``) at the CTA's rows, ``[t, BV]`` per CTA. Loaded after the state rows in program order, those
+loads queue behind the CTA's state bytes, and the first barrier (with it the whole head-level chain)
+waits for them. Verify on tensor cores copies them by ``cp.async`` (``stage_token_rows`` in
+``replay_common.cuh``) before it issues the rows' loads: no registers held, nothing waits on them
+until the first barrier. A row field that is a float32 input itself (``value = v``) is the copy's
+target; the others are computed from the copies after the first barrier (the rows read them two
+barriers later). Measured side by side on the H200 (``scripts/experiment_verify_bounds.py``, verify
+T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b), 0.963× (super).
+"""
+
+from __future__ import annotations
+
+from .render_blocks import ROW_FIELDS
+from .render_expr import ExprRenderer
+
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
+_C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: raw bits, widened where read
+
+
+def row_inputs(decl) -> list:
+    """The V-sized token inputs the row fields read, in declaration order."""
+    ex = decl.expressions()
+    names = {n.arg for role in ROW_FIELDS if role in ex for n in ex[role].walk() if n.op == "INPUT"}
+    return [s for s in decl.inputs if s.kind == "token" and s.size == "V" and s.name in names]
+
+
+def staged_row_inputs(decl, v_dim: int, rows_per_cta: int) -> dict:
+    """Input name -> the shared array its copy lands in: the row field that is the float32 input itself
+    (``sh_value`` for ``value = v``), else ``sh_in_<name>``. Empty (the fields are loaded as before) where
+    a 16-byte chunk of some input would straddle V or a tile: V or BV not a multiple of its elements."""
+    specs = row_inputs(decl)
+    for spec in specs:
+        chunk = 16 // _ELEMENT_BYTES[spec.dtype]
+        if v_dim % chunk or rows_per_cta % chunk:
+            return {}
+    ex = decl.expressions()
+    targets = {}
+    for spec in specs:
+        own = [role for role in ROW_FIELDS if role in ex and ex[role].op == "INPUT" and ex[role].arg == spec.name]
+        targets[spec.name] = f"sh_{own[0]}" if own and spec.dtype == "float32" and own[0] != "gate" else f"sh_in_{spec.name}"
+    return targets
+
+
+def staged_row_input_decls(decl, staged: dict) -> list[str]:
+    """The copies' own arrays (``sh_in_<name>``; the row fields' arrays are declared with the fields)."""
+    specs = {s.name: s for s in row_inputs(decl)}
+    return [f"__shared__ __align__(16) {_C_TYPES[specs[name].dtype]} {array}[TMAX * BV];"
+            for name, array in staged.items() if array.startswith("sh_in_")]
+
+
+def stage_row_input_copies(decl, staged: dict) -> list[str]:
+    """The copies of drafts j < t, issued before the state rows' loads (after the row checks)."""
+    lines = []
+    for spec in (s for s in row_inputs(decl) if s.name in staged):
+        heads, head = ("HV", "hv") if spec.level == "head" else ("H", "hk")
+        lines.append(f"stage_token_rows({staged[spec.name]}, tok_{spec.name} + ((size_t)b * t_tok * {heads} + {head}) * V, "
+                     f"(size_t){heads} * V, t, v0, tid);  // draft j's rows at + j * {heads} * V")
+    return lines
+
+
+def computed_row_fields(decl, staged: dict) -> list[str]:
+    """The row fields that are not a copy's target, from the copies (after the first barrier), rows
+    past V zeros as before."""
+    ex = decl.expressions()
+    fields = [role for role in ROW_FIELDS if role in ex and f"sh_{role}" not in staged.values()]
+    if not fields:
+        return []
+    r = ExprRenderer(decl, "r", staged=staged)
+    names = {role: r.render(ex[role], "V") for role in fields}
+    stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
+    zeros = [f"sh_{role}[x] = 0.f;" for role in names]
+    return (["for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs",
+             "    const int j = x / BV, row = v0 + x % BV;  (void)j;",
+             "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
+            + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
