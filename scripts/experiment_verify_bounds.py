@@ -17,6 +17,9 @@ commit, accepting none):
 * each phase left out in turn (the drafts' fields, the cumulate, the scores, the drafts' recurrence,
   and the first three together): what each phase costs in time, where stall sampling gives shares of
   samples;
+* correct kernels that change an order or save work, timed before the generator adopts them (at
+  ``8fa44e7`` none of those still here was faster: the fill loaded before the rows, the scores of the
+  key blocks in use only, the drafts' queries split for 3xTF32 once by the cumulate);
 * ``flush_for_verify: checks only (bound)``: the fold launched before verify keeps its checks and
   early exits (no row folds in this benchmark) but drops the fold's registers and shared memory, so
   more of its CTAs fit on an SM; and ``flush_for_verify not launched (bound)``;
@@ -32,8 +35,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiment_variants import (NotApplicable, in_kernel, patched_renderer, row_inputs_first,  # this folder's script
-                                 scratch_cache)
+from experiment_variants import NotApplicable, in_kernel, patched_renderer, scratch_cache  # this folder's script
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
@@ -87,21 +89,6 @@ def _before_rows(lines: str, label: str):
 
 # correct kernels, in a different order or with less work: candidates for the generator
 FILL_FIRST = [_replace(FILL_LOAD, "", "fill before the rows"), _before_rows(FILL_LOAD, "fill before the rows")]
-VALUE_STAGE = ("    for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {\n"
-               "        const int j = x / BV, row = v0 + x % BV;\n"
-               "        if (row < V) {\n"
-               "            const float r0 = tok_v[((size_t)(b * t_tok + j) * HV + hv) * V + row];\n"
-               "            sh_value[x] = r0;\n"
-               "        } else {\n"
-               "            sh_value[x] = 0.f;\n"
-               "        }\n"
-               "    }\n")
-VALUES_FIRST = [  # the raw token v as the only row field (GDN, KDA); full tiles of a V multiple of 4: 16-byte copies
-    _replace(VALUE_STAGE, "", "values by cp.async before the rows (the raw value the only row field)"),
-    _replace("    __shared__ float sh_value[TMAX * BV];", "    __shared__ __align__(16) float sh_value[TMAX * BV];", "values aligned"),
-    _before_rows("    for (int x = 4 * tid; x < t * BV; x += 4 * THREADS)  // the drafts' values, no registers held\n"
-                 "        cp_async16(sh_value + x, tok_v + ((size_t)(b * t_tok + x / BV) * HV + hv) * V + v0 + x % BV);\n",
-                 "values by cp.async before the rows")]
 USED_SCORES = _replace("for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {",
                        "for (int combo = warp; combo < ((n + t + 15) / 16) * PARTS; combo += WARPS) {", "scores of used keys only")
 
@@ -129,7 +116,6 @@ def _queries_split_once(text: str) -> str:
 
 
 QUERIES_SPLIT_ONCE = in_kernel("verify", _queries_split_once)
-ROW_INPUTS_FIRST = row_inputs_first("verify", "    if (t < 1 || t > TMAX || t > t_tok) return;\n")  # every family's row inputs
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -139,17 +125,14 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             # the fold launched before verify: its early exits at low resources, or not launched at all
             "flush_for_verify: checks only (bound)": [LIGHT_FLUSH_CHECK],
             "flush_for_verify not launched (bound)": "skip flush_for_verify",
-            # correct kernels (orders and savings): candidates for the generator
-            "fill before the rows": FILL_FIRST, "values by cp.async before the rows": VALUES_FIRST,
-            "scores of used keys only": [USED_SCORES], "queries split once": [QUERIES_SPLIT_ONCE],
-            "fill and values before the rows": FILL_FIRST + VALUES_FIRST,
-            "fill and values first, used scores, queries split once": FILL_FIRST + VALUES_FIRST + [USED_SCORES, QUERIES_SPLIT_ONCE],
-            "row inputs first": [ROW_INPUTS_FIRST]}
+            # correct kernels, measured at 8fa44e7 and not adopted (no faster): kept to re-measure
+            "fill before the rows": FILL_FIRST, "scores of used keys only": [USED_SCORES],
+            "queries split once": [QUERIES_SPLIT_ONCE]}
+# (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
+# are the generator's own since 959b8a9: lowering/render_row_inputs.py)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
-# vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments;
-# Mamba-2's row fields (skip, gate) are more than the raw value
-FAMILY_SPECIFIC = ("values by cp.async before the rows", "fill and values before the rows", "scores of used keys only",
-                   "queries split once", "fill and values first, used scores, queries split once")
+# vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments
+FAMILY_SPECIFIC = ("scores of used keys only", "queries split once")
 # (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
 # own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
 
