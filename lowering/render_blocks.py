@@ -261,17 +261,24 @@ def row_field_decls(decl, tn: str, aligned: bool = False) -> list[str]:
     return [f"__shared__ {align}float sh_{role}[{tn} * BV];" for role in roles]
 
 
-def stage_row_fields(decl) -> list[str]:
+def stage_row_fields(decl, staged: dict | None = None) -> list[str]:
     """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
     coalesced loads by every thread, so the row loop never waits on a token load. Thread THREADS - 1
     takes element 0 (still coalesced, descending), so the last warps stage these while the first
-    ones compute the head-level fields."""
+    ones compute the head-level fields. With ``staged`` (input name -> the shared array its copy
+    landed in: ``render_row_inputs``) the fields read the copies instead, and a field that is a copy's
+    target is left as it is."""
     ex = decl.expressions()
-    r = ExprRenderer(decl, "r")
-    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
+    staged = staged or {}
+    r = ExprRenderer(decl, "r", staged=staged)
+    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex and f"sh_{role}" not in staged.values()}
+    if not names:
+        return []
     stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
     zeros = [f"sh_{role}[x] = 0.f;" for role in names]
-    return (["for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {", "    const int j = x / BV, row = v0 + x % BV;",
+    first = ("for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs" if staged
+             else "for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {")
+    return ([first, "    const int j = x / BV, row = v0 + x % BV;" + ("  (void)j;" if staged else ""),
              "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
             + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
 

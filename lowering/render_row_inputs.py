@@ -13,8 +13,7 @@ T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b
 
 from __future__ import annotations
 
-from .render_blocks import ROW_FIELDS
-from .render_expr import ExprRenderer
+from .render_blocks import ROW_FIELDS, stage_row_fields
 
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 _C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: raw bits, widened where read
@@ -63,16 +62,5 @@ def stage_row_input_copies(decl, staged: dict) -> list[str]:
 
 def computed_row_fields(decl, staged: dict) -> list[str]:
     """The row fields that are not a copy's target, from the copies (after the first barrier), rows
-    past V zeros as before."""
-    ex = decl.expressions()
-    fields = [role for role in ROW_FIELDS if role in ex and f"sh_{role}" not in staged.values()]
-    if not fields:
-        return []
-    r = ExprRenderer(decl, "r", staged=staged)
-    names = {role: r.render(ex[role], "V") for role in fields}
-    stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
-    zeros = [f"sh_{role}[x] = 0.f;" for role in names]
-    return (["for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs",
-             "    const int j = x / BV, row = v0 + x % BV;  (void)j;",
-             "    if (row < V) {"] + ["        " + line for line in r.lines + stores]
-            + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
+    past V zeros as before (``stage_row_fields`` reading the copies)."""
+    return stage_row_fields(decl, staged)
