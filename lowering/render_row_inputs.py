@@ -7,7 +7,9 @@ waits for them. Verify on tensor cores copies them by ``cp.async`` (``stage_toke
 ``replay_common.cuh``) before it issues the rows' loads: no registers held, nothing waits on them
 until the first barrier. A row field that is a float32 input itself (``value = v``) is the copy's
 target; the others are computed from the copies after the first barrier (the rows read them two
-barriers later). Measured side by side on the H200 (``scripts/experiment_verify_bounds.py``, verify
+barriers later). The inputs must start 16-byte aligned (the CUDA backend checks: ``check_aligned``).
+Each ``sh_in_<name>`` adds TMAX · BV elements of static shared memory: at a shape where that passes
+48 KiB the launch does not build and the runtime takes its next launch shape. Measured side by side on the H200 (``scripts/experiment_verify_bounds.py``, verify
 T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b), 0.963× (super).
 """
 

@@ -23,7 +23,7 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 from .cache_base import ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
 from .cuda_module import CompiledProgram, require_gpu
-from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, dtype_name
+from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, check_aligned, dtype_name
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
 
@@ -151,6 +151,14 @@ class CudaReplayCache(ReplayCacheBase):
         return bits
 
     def _device_token(self, name: str, value, convert: bool = True):
+        """Token input ``name`` as its kernels read it (``_token_as_read``); a per-row (V-sized) input
+        starts at a 16-byte aligned address, as verify's copies of its rows need (``check_aligned``)."""
+        dev = self._token_as_read(name, value, convert)
+        if self.decl.input(name).size == "V":
+            check_aligned(dev.data.ptr, f"tokens[{name!r}]")
+        return dev
+
+    def _token_as_read(self, name: str, value, convert: bool):
         """Token input ``name`` as its kernels read it: float32, or raw bf16 bits (``uint16``) where the
         declaration says bf16. Those accept raw bits (``uint16``/``int16``, e.g. a torch bf16 tensor's
         ``.view(torch.int16)``), a torch bf16 tensor itself, host floats, and with ``convert`` (the

@@ -114,6 +114,15 @@ def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_va
     return array
 
 
+def check_aligned(address: int, name: str, alignment: int = 16) -> None:
+    """A device buffer that the kernels copy in ``alignment``-byte chunks must start on such a
+    boundary (a view at an odd offset would make the copy fault and end the CUDA context)."""
+    if address % alignment:
+        raise InputError(f"{name}: must start at a {alignment}-byte aligned address (verify copies its rows in "
+                         f"{alignment}-byte chunks), got an address {address % alignment} bytes past one; "
+                         "pass an array of its own, not a view at an offset")
+
+
 def is_device_array(array) -> bool:
     """Whether ``array`` lives on a GPU (CuPy, a torch CUDA tensor, anything with a CUDA array interface)."""
     return _device_of(array) == "cuda"

@@ -153,7 +153,7 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             # correct kernels, measured at 8fa44e7 and not adopted (no faster): kept to re-measure
             "fill before the rows": FILL_FIRST, "scores of used keys only": [USED_SCORES],
             "queries split once": [QUERIES_SPLIT_ONCE],
-            # a candidate, not yet timed
+            # a candidate, timed at ec03904 (0.955-0.994x): the next to build into the generator
             "scalars before the rows": [SCALARS_FIRST]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py)

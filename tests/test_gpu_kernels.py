@@ -260,6 +260,27 @@ def test_gpu_a_token_the_kernels_cannot_take_fails_before_verify_folds(bf16_toke
     assert_buffers_kept(cp, cache, before, "after a refused verify")
 
 
+@pytest.mark.parametrize("name", ["gdn", "mamba2"])
+def test_gpu_a_row_input_view_at_an_offset_is_refused_before_any_launch(name):
+    """Verify on tensor cores copies each draft's row inputs in 16-byte chunks: a contiguous view at
+    a 4-byte offset raises InputError naming the input before any launch (every buffer keeps its
+    bytes), where the copy would fault and end the CUDA context; the same values in an array of
+    their own then verify as an eager twin does."""
+    import cupy as cp
+    from replayssm_dsl.errors import InputError
+    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=23)
+    toks = {k: cp.asarray(v.astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (2, 2)).items()}
+    row_input = next(spec.name for spec in decl.inputs if spec.kind == "token" and spec.size == "V")
+    offset = cp.empty(toks[row_input].size + 1, cp.float32)[1:].reshape(toks[row_input].shape)
+    offset[...] = toks[row_input]
+    before = buffers_snapshot(cache)
+    with pytest.raises(InputError, match=rf"tokens\['{row_input}'\]: must start at a 16-byte aligned address"):
+        cache.verify([0, 1], dict(toks, **{row_input: offset}), [2, 2])
+    assert_buffers_kept(cp, cache, before, "after a refused verify")
+    out = cache.verify([0, 1], toks, [2, 2], out=cp.full((2, 2, shape.heads, shape.v_dim), np.nan, cp.float32))
+    assert_close(out, twin.verify([0, 1], toks, [2, 2]), 1e-6, "verify after the refusal")
+
+
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 def test_gpu_rows_outside_the_cache_touch_nothing(name):
     """Device batch arrays are not checked on the host (graph path): a slot or page from another, larger

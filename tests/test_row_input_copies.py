@@ -43,7 +43,12 @@ def test_verify_copies_each_row_input_before_the_state_rows_and_loads_none_after
         assert f"prefetch_l1(tok_{input_name} +" not in body, "a copied input is not also prefetched"
         assert f"tok_{input_name}[" not in body, "nothing loads a copied input after the rows"
     assert OLD_LOOP not in body
-    assert "if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }" in body, "a row that stops waits for its copies"
+    # every way out between the copies and the first barrier waits for them first
+    span = body[body.index(STAGE):body.index("cp_async_wait();\n    __syncthreads();")]
+    exits = [i for i in range(len(span)) if span.startswith("return;", i)]
+    assert exits, "the fill check's exit"
+    for i in exits:
+        assert span[max(0, i - 20):i].rstrip().endswith("cp_async_wait();"), span[max(0, i - 80):i + 7]
 
 
 def test_the_value_lands_in_its_row_field_and_mamba2s_gate_and_skip_follow_the_first_barrier():
@@ -65,8 +70,10 @@ def test_bf16_row_inputs_are_copied_as_bits_and_widened_after_the_first_barrier(
     decl = variants.get("gdn").with_token_dtype("bfloat16", ["v"])
     body = kernel_body(verify_source(decl, PRESETS["qwen3.5-4b"].shape), "verify")
     assert "__shared__ __align__(16) unsigned short sh_in_v[TMAX * BV];" in body
-    assert "stage_token_rows(sh_in_v, tok_v +" in body
-    assert "bf16_bits_to_f32(sh_in_v[x])" in body and "sh_value[x] =" in body
+    copy, first_barrier = body.index("stage_token_rows(sh_in_v, tok_v +"), body.index("cp_async_wait();\n    __syncthreads();")
+    widen = body.index("bf16_bits_to_f32(sh_in_v[x])")
+    assert copy < body.index(FIRST_ROW_LOAD) and first_barrier < widen < body.index("sh_value[x] =", widen)
+    assert widen < body.index("__syncthreads();", widen), "widened before the rows' barriers"
 
 
 @pytest.mark.parametrize("shape,launch,why", [
@@ -89,3 +96,15 @@ def test_a_bf16_input_needs_rows_in_multiples_of_8_to_be_copied():
 def test_only_verify_copies_row_inputs(kernel):
     text = verify_source(variants.get("mamba2"), PRESETS["nemotron-nano-4b"].shape)
     assert STAGE not in kernel_body(text, kernel)
+
+
+def test_a_row_input_off_a_16_byte_boundary_is_refused_naming_it():
+    """The copies move 16-byte chunks: the CUDA backend refuses a per-row token input at an address
+    off a 16-byte boundary (``_device_token``) rather than let the copy fault; on the GPU
+    ``test_gpu_a_row_input_view_at_an_offset_is_refused_before_any_launch`` runs the same."""
+    from replayssm_dsl.errors import InputError
+    from replayssm_dsl.runtime.validation import check_aligned
+    check_aligned(0x7F0000001000, "tokens['v']")
+    check_aligned(0x7F0000001010, "tokens['v']")
+    with pytest.raises(InputError, match=r"tokens\['v'\]: must start at a 16-byte aligned address.*4 bytes past"):
+        check_aligned(0x7F0000001004, "tokens['v']")
