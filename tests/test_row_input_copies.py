@@ -4,6 +4,9 @@ the generator keeps the old loads (no GPU; the GPU tests run the kernels against
 
 from __future__ import annotations
 
+from types import MethodType, SimpleNamespace
+
+import numpy as np
 import pytest
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
@@ -108,3 +111,30 @@ def test_a_row_input_off_a_16_byte_boundary_is_refused_naming_it():
     check_aligned(0x7F0000001010, "tokens['v']")
     with pytest.raises(InputError, match=r"tokens\['v'\]: must start at a 16-byte aligned address.*4 bytes past"):
         check_aligned(0x7F0000001004, "tokens['v']")
+
+
+class _DeviceArray:
+    """A stand-in for a CuPy array: what ``CudaReplayCache._device`` reads of one (no GPU here)."""
+
+    def __init__(self, ptr: int):
+        self.dtype, self.flags, self.data = np.dtype(np.float32), SimpleNamespace(c_contiguous=True), SimpleNamespace(ptr=ptr)
+        self.__cuda_array_interface__ = {}
+
+
+@pytest.mark.parametrize("name,size", [("v", "V"), ("q", "K"), ("a", "")])
+def test_the_cuda_backend_checks_the_alignment_of_row_inputs_alone(name, size):
+    """``_device_token`` on a stand-in CuPy: a per-row input 4 bytes off a 16-byte boundary is refused
+    naming it; at a boundary it passes; K-sized and scalar inputs are not held to it."""
+    from replayssm_dsl.errors import InputError
+    from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+    cache = SimpleNamespace(decl=variants.get("gdn"), cp=SimpleNamespace(ndarray=_DeviceArray, asarray=lambda a, dtype=None: a))
+    for method in ("_device", "_token_as_read"):
+        setattr(cache, method, MethodType(getattr(CudaReplayCache, method), cache))
+    assert cache.decl.input(name).size == size
+    aligned, off = _DeviceArray(0x7F0000002000), _DeviceArray(0x7F0000002004)
+    assert CudaReplayCache._device_token(cache, name, aligned) is aligned
+    if size != "V":
+        assert CudaReplayCache._device_token(cache, name, off) is off
+        return
+    with pytest.raises(InputError, match=rf"tokens\['{name}'\]: must start at a 16-byte aligned address"):
+        CudaReplayCache._device_token(cache, name, off)
