@@ -24,7 +24,7 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
                             shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 from .render_records import load_records, record_decay_sums, records_ready
-from .render_row_inputs import computed_row_fields, stage_row_input_copies, staged_row_input_decls, staged_row_inputs
+from .render_row_inputs import stage_row_input_copies, staged_row_input_decls, staged_row_inputs
 
 
 def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
@@ -305,7 +305,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
-    body += computed_row_fields(decl, staged) if staged else []  # read by the rows, two barriers on
+    body += stage_row_fields(decl, staged) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":

@@ -6,8 +6,8 @@ loads queue behind the CTA's state bytes, and the first barrier (with it the who
 waits for them. Verify on tensor cores copies them by ``cp.async`` (``stage_token_rows`` in
 ``replay_common.cuh``) before it issues the rows' loads: no registers held, nothing waits on them
 until the first barrier. A row field that is a float32 input itself (``value = v``) is the copy's
-target; the others are computed from the copies after the first barrier (the rows read them two
-barriers later). The inputs must start 16-byte aligned (the CUDA backend checks: ``check_aligned``).
+target; the others are computed from the copies after the first barrier (``stage_row_fields`` with
+the copies; the rows read them two barriers later). The inputs must start 16-byte aligned (the CUDA backend checks: ``check_aligned``).
 Each ``sh_in_<name>`` adds TMAX · BV elements of static shared memory: at a shape where that passes
 48 KiB the launch does not build and the runtime takes its next launch shape. Measured side by side on the H200 (``scripts/experiment_verify_bounds.py``, verify
 T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b), 0.963× (super).
@@ -15,7 +15,7 @@ T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b
 
 from __future__ import annotations
 
-from .render_blocks import ROW_FIELDS, stage_row_fields
+from .render_blocks import ROW_FIELDS
 
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 _C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: raw bits, widened where read
@@ -61,8 +61,3 @@ def stage_row_input_copies(decl, staged: dict) -> list[str]:
                      f"(size_t){heads} * V, t, v0, tid);  // draft j's rows at + j * {heads} * V")
     return lines
 
-
-def computed_row_fields(decl, staged: dict) -> list[str]:
-    """The row fields that are not a copy's target, from the copies (after the first barrier), rows
-    past V zeros as before (``stage_row_fields`` reading the copies)."""
-    return stage_row_fields(decl, staged)

@@ -155,7 +155,7 @@ class CudaReplayCache(ReplayCacheBase):
         starts at a 16-byte aligned address, as verify's copies of its rows need (``check_aligned``)."""
         dev = self._token_as_read(name, value, convert)
         if self.decl.input(name).size == "V":
-            check_aligned(dev.data.ptr, f"tokens[{name!r}]")
+            check_aligned(dev.data.ptr, f"tokens[{name!r}]", "verify copies its rows in 16-byte chunks")
         return dev
 
     def _token_as_read(self, name: str, value, convert: bool):

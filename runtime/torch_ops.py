@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from replayssm_dsl.errors import InputError
+from .validation import check_aligned
 
 _CACHES: dict = {}
 _KEYS = itertools.count()
@@ -95,9 +96,8 @@ def _bind(c: TorchReplayCache, state: list) -> None:
                              f"{list(given.shape)} {given.dtype} on {given.device.type}")
         if not given.is_contiguous():
             raise InputError(f"state[{i}] ({name}): must be contiguous, got strides {list(given.stride())}")
-        if given.device.type == "cuda" and given.data_ptr() % 16:
-            raise InputError(f"state[{i}] ({name}): must start on a 16-byte boundary (the kernels use 16-byte "
-                             f"loads), got address {given.data_ptr():#x}")
+        if given.device.type == "cuda":
+            check_aligned(given.data_ptr(), f"state[{i}] ({name})", "the kernels use 16-byte loads")
     if c.device.type == "cuda":
         import cupy as cp
         # __cuda_array_interface__, not DLPack: DLPack's exchange makes CuPy's stream wait on torch's,

@@ -114,13 +114,12 @@ def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_va
     return array
 
 
-def check_aligned(address: int, name: str, alignment: int = 16) -> None:
-    """A device buffer that the kernels copy in ``alignment``-byte chunks must start on such a
-    boundary (a view at an odd offset would make the copy fault and end the CUDA context)."""
+def check_aligned(address: int, name: str, why: str, alignment: int = 16) -> None:
+    """A device buffer that the kernels move in ``alignment``-byte units (``why``) must start on such a
+    boundary (a view at an odd offset would make the access fault and end the CUDA context)."""
     if address % alignment:
-        raise InputError(f"{name}: must start at a {alignment}-byte aligned address (verify copies its rows in "
-                         f"{alignment}-byte chunks), got an address {address % alignment} bytes past one; "
-                         "pass an array of its own, not a view at an offset")
+        raise InputError(f"{name}: must start at a {alignment}-byte aligned address ({why}), got an address "
+                         f"{address % alignment} bytes past one; pass an array of its own, not a view at an offset")
 
 
 def is_device_array(array) -> bool:

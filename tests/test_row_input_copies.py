@@ -107,10 +107,11 @@ def test_a_row_input_off_a_16_byte_boundary_is_refused_naming_it():
     ``test_gpu_a_row_input_view_at_an_offset_is_refused_before_any_launch`` runs the same."""
     from replayssm_dsl.errors import InputError
     from replayssm_dsl.runtime.validation import check_aligned
-    check_aligned(0x7F0000001000, "tokens['v']")
-    check_aligned(0x7F0000001010, "tokens['v']")
-    with pytest.raises(InputError, match=r"tokens\['v'\]: must start at a 16-byte aligned address.*4 bytes past"):
-        check_aligned(0x7F0000001004, "tokens['v']")
+    why = "verify copies its rows in 16-byte chunks"
+    check_aligned(0x7F0000001000, "tokens['v']", why)
+    check_aligned(0x7F0000001010, "tokens['v']", why)
+    with pytest.raises(InputError, match=r"tokens\['v'\]: must start at a 16-byte aligned address \(verify copies.*4 bytes past"):
+        check_aligned(0x7F0000001004, "tokens['v']", why)
 
 
 class _DeviceArray:
