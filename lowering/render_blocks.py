@@ -103,25 +103,42 @@ def token_prefetch(decl, drafts: bool, copied: tuple = ()) -> list[str]:
 
 
 def hoistable_inputs(decl) -> tuple:
-    """The K-sized token inputs that the head-level vector fields (key, query, a decay vector) read."""
+    """The inputs verify loads into registers before the state rows (``first_draft_loads``): the
+    K-sized token inputs and parameters that the head-level vector fields (key, query, a decay
+    vector) read, the scalar token inputs that the scalar fields (decay, write strength) read, and
+    the scalar parameters that any of verify's fields (those and the row fields) read."""
     ex = decl.expressions()
-    roots = [ex[name] for name in ("key", "query", "decay") if name in ex]
-    names = {n.arg for root in roots for n in root.walk() if n.op == "INPUT"}
-    return tuple(s.name for s in decl.inputs if s.kind == "token" and s.size == "K" and s.name in names)
+    def read_by(fields) -> set:
+        return {n.arg for f in fields if f in ex for n in ex[f].walk() if n.op in ("INPUT", "PARAM")}
+    vectors, scalars = read_by(("key", "query", "decay")), read_by(("decay", "beta", "strength"))
+    params = read_by(("key", "query", "decay", "beta", "strength") + ROW_FIELDS)
+    def named(kind: str, size: str, among: set) -> tuple:
+        return tuple(s.name for s in decl.inputs if s.kind == kind and s.size == size and s.name in among)
+    return named("token", "K", vectors) + named("token", "", scalars) + named("param", "K", vectors) + named("param", "", params)
 
 
 def first_draft_loads(decl, names: tuple) -> list[str]:
-    """Each warp loads its first draft's (j = warp) K-sized token inputs ``names`` into registers
-    before the state rows' loads, so the fields' first loads do not queue behind the rows' bytes
-    (GDN's verify T = 4 and 8 3–4 % faster, side by side; docs/performance.md). The fields read them back through
+    """Before the state rows' loads, each warp loads its first draft's (j = warp) token inputs
+    ``names`` into registers (``pre_<name>[KE]`` over K, ``pre_<name>`` a scalar), and its head's
+    parameters among ``names`` (the same), so the fields' first loads do not queue behind the rows'
+    bytes (GDN's verify T = 4 and 8 3–4 % faster for the K-sized token inputs, side by side, the
+    scalars 0.6–4.5 % more: docs/performance.md). The fields read them back through
     ``ExprRenderer``'s ``hoisted``."""
     lines = []
     for name in names:  # the address the fields compute for token j, at j = warp
-        lines += [f"float pre_{name}[KE];  // draft j = warp's {name}, loaded before the state rows",
+        spec = decl.input(name)
+        token = spec.kind == "token"
+        what = f"draft j = warp's {name}" if token else f"the head's {name}"
+        live = "warp < t" if token else ""
+        if spec.size == "":
+            load = input_load(spec, "", token="warp")
+            lines.append(f"const float pre_{name} = {f'{live} ? {load} : 0.f' if token else load};  // {what}, loaded before the state rows")
+            continue
+        lines += [f"float pre_{name}[KE];  // {what}, loaded before the state rows",
                   "#pragma unroll",
                   "for (int i = 0; i < KE; ++i) {",
                   "    const int e = k_index(i, lane);",
-                  f"    pre_{name}[i] = (warp < t && e < K) ? {input_load(decl.input(name), 'e', token='warp')} : 0.f;",
+                  f"    pre_{name}[i] = ({live + ' && ' if token else ''}e < K) ? {input_load(spec, 'e', token='warp')} : 0.f;",
                   "}"]
     return lines
 
@@ -234,7 +251,7 @@ def _field_lines(decl, vector_fields, scalar_fields, replay: bool, hoisted: tupl
             scalars.append("sh_beta[j] = 1.f;")
             continue
         prefix, name, template = field
-        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix))
+        r = renderers.setdefault(prefix, ExprRenderer(decl, prefix, hoisted))
         scalars.append(template.format(r.render(ex[name], "")))
     for r in renderers.values():
         body += r.lines
@@ -261,17 +278,20 @@ def row_field_decls(decl, tn: str, aligned: bool = False) -> list[str]:
     return [f"__shared__ {align}float sh_{role}[{tn} * BV];" for role in roles]
 
 
-def stage_row_fields(decl, staged: dict | None = None) -> list[str]:
+def stage_row_fields(decl, staged: dict | None = None, hoisted: tuple = ()) -> list[str]:
     """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
     coalesced loads by every thread, so the row loop never waits on a token load. Thread THREADS - 1
     takes element 0 (still coalesced, descending), so the last warps stage these while the first
     ones compute the head-level fields. With ``staged`` (input name -> the shared array its copy
     landed in: ``render_row_inputs``) the fields read the copies instead, and a field that is a copy's
-    target is left as it is."""
+    target is left as it is (the gate's becomes silu of itself: each element read, then written, by
+    one thread). ``hoisted``: inputs ``first_draft_loads`` loaded already (verify's)."""
     ex = decl.expressions()
     staged = staged or {}
-    r = ExprRenderer(decl, "r", staged=staged)
-    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex and f"sh_{role}" not in staged.values()}
+    r = ExprRenderer(decl, "r", hoisted, staged=staged)
+    # a copy's own target is the field, but for the gate: silu(gate) replaces its copy in place
+    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS
+             if role in ex and (role == "gate" or f"sh_{role}" not in staged.values())}
     if not names:
         return []
     stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]

@@ -7,7 +7,8 @@ Three contexts, by what one warp holds while it evaluates:
 A scalar node renders as ``float``; a K-vector node as ``float x[KE]``. ``L2NORM`` over K reduces
 with ``warp_sum``. Inputs read the token buffers ``[B, T, heads(, size)]`` at token ``j`` and the
 parameter buffers ``[heads(, size)]``; group-level inputs index the key head ``hk``; a bf16 token input is widened as it is read (``bf16_bits_to_f32``). A ``hoisted``
-K-sized token input takes token ``j == warp`` from ``pre_<name>`` (``first_draft_loads``); a ``sources``
+token input (over K or a scalar) takes token ``j == warp`` from ``pre_<name>``, a hoisted parameter is
+``pre_<name>`` (``first_draft_loads``); a ``sources``
 input is read from a register array (a record's raw input: ``widen_records``); a ``staged`` V-sized input
 from its copy in shared memory at ``x`` (``render_row_inputs``).
 """
@@ -55,7 +56,7 @@ class ExprRenderer:
     def __init__(self, declaration, prefix: str, hoisted: tuple = (), sources: dict | None = None,
                  staged: dict | None = None):
         self.decl, self.prefix = declaration, prefix
-        self.hoisted = hoisted  # K-sized token inputs whose draft j = warp is already in pre_<name>[KE]
+        self.hoisted = hoisted  # inputs in registers already (first_draft_loads): draft j = warp's, a head's parameter
         self.sources = sources or {}  # K-sized token inputs read from a register array instead: name -> array
         self.staged = staged or {}  # V-sized token inputs copied to shared memory [t, BV], read at x: name -> array
         self.names: dict[int, str] = {}
@@ -69,9 +70,13 @@ class ExprRenderer:
             element = f"{self.staged[spec.name]}[x]"
             return f"bf16_bits_to_f32({element})" if spec.dtype == "bfloat16" else element
         load = input_load(spec, index)
-        if spec.name in self.hoisted and spec.size == "K" and index == "e":
-            return f"(j == warp ? pre_{spec.name}[i] : {load})"
-        return load
+        if spec.name not in self.hoisted:
+            return load
+        if spec.size == "":  # a draft's scalar (the first draft of the warp) or the head's parameter
+            return f"(j == warp ? pre_{spec.name} : {load})" if spec.kind == "token" else f"pre_{spec.name}"
+        if index != "e":  # (registers over K serve the K context only)
+            return load
+        return f"(j == warp ? pre_{spec.name}[i] : {load})" if spec.kind == "token" else f"pre_{spec.name}[i]"
 
     def render(self, node: Expr, ctx: str) -> str:
         """Emit statements computing ``node`` in context ``ctx``; return the C name of its value."""

@@ -277,7 +277,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     else:
         state += loads(CHECKPOINT_ROW.format(page="page"))
     token_fields = (fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores)
-                    + ([] if staged else stage_row_fields(decl)))
+                    + ([] if staged else stage_row_fields(decl, hoisted=hoisted)))
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
@@ -305,7 +305,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
-    body += stage_row_fields(decl, staged) if staged else []  # the fields from the copies, read by the rows two barriers on
+    body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":

@@ -6,9 +6,11 @@ loads queue behind the CTA's state bytes, and the first barrier (with it the who
 waits for them. Verify on tensor cores copies them by ``cp.async`` (``stage_token_rows`` in
 ``replay_common.cuh``) before it issues the rows' loads: no registers held, nothing waits on them
 until the first barrier. A row field that is a float32 input itself (``value = v``) is the copy's
-target; the others are computed from the copies after the first barrier (``stage_row_fields`` with
-the copies; the rows read them two barriers later). The inputs must start 16-byte aligned (the CUDA backend checks: ``check_aligned``).
-Each ``sh_in_<name>`` adds TMAX · BV elements of static shared memory: at a shape where that passes
+target (a gate's copy turns into silu(gate) in place); the others are computed from the copies after
+the first barrier (``stage_row_fields`` with the copies; the rows read them two barriers later). The
+inputs must start 16-byte aligned (the CUDA backend checks: ``check_aligned``). Each ``sh_in_<name>``
+(an input that is no float32 row field by itself: Mamba-2's ``x`` is the value's copy, read for the
+skip too; a bf16 input) adds TMAX · BV elements of static shared memory: at a shape where that passes
 48 KiB the launch does not build and the runtime takes its next launch shape. Measured side by side on the H200 (``scripts/experiment_verify_bounds.py``, verify
 T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b), 0.963× (super).
 """
@@ -30,7 +32,8 @@ def row_inputs(decl) -> list:
 
 def staged_row_inputs(decl, v_dim: int, rows_per_cta: int) -> dict:
     """Input name -> the shared array its copy lands in: the row field that is the float32 input itself
-    (``sh_value`` for ``value = v``), else ``sh_in_<name>``. Empty (the fields are loaded as before) where
+    (``sh_value`` for ``value = v``; ``sh_gate`` for ``gate = z``, silu applied in place after the first
+    barrier), else ``sh_in_<name>``. Empty (the fields are loaded as before) where
     a 16-byte chunk of some input would straddle V or a tile: V or BV not a multiple of its elements."""
     specs = row_inputs(decl)
     for spec in specs:
@@ -41,7 +44,7 @@ def staged_row_inputs(decl, v_dim: int, rows_per_cta: int) -> dict:
     targets = {}
     for spec in specs:
         own = [role for role in ROW_FIELDS if role in ex and ex[role].op == "INPUT" and ex[role].arg == spec.name]
-        targets[spec.name] = f"sh_{own[0]}" if own and spec.dtype == "float32" and own[0] != "gate" else f"sh_in_{spec.name}"
+        targets[spec.name] = f"sh_{own[0]}" if own and spec.dtype == "float32" else f"sh_in_{spec.name}"
     return targets
 
 

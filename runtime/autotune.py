@@ -129,7 +129,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 18
+TUNING_VERSION = 19
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -142,7 +142,8 @@ dynamic shared memory, past 48 KiB in all; 12: the replay step may load its writ
 registers; 13: verify keeps its write records in dynamic shared memory; 14: the replay step may
 take ``8x16/r80/s11/w``; 15: the sources compile without warnings, and a key with bf16 records names
 the fields kept raw; 16: verify may take ``5x16``; 17: verify's chain shortened; 18: verify on tensor
-cores copies its row inputs before the state rows)."""
+cores copies its row inputs before the state rows; 19: and loads its first drafts' scalar inputs and
+the head's scalar parameters before them)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:

@@ -117,30 +117,32 @@ def _queries_split_once(text: str) -> str:
 
 
 QUERIES_SPLIT_ONCE = in_kernel("verify", _queries_split_once)
-_DRAFT_SCALAR = re.compile(r"tok_(\w+)\[\(\(size_t\)\(b \* t_tok \+ j\) \* HV \+ hv\)\]")
-_HEAD_PARAM = re.compile(r"par_(\w+)\[\(size_t\)hv\]")
+_FIRST_VECTOR = re.compile(r"    pre_(\w+)\[i\] = \(warp < t && e < K\) \? (.*) : 0\.f;\n")
+_FIRST_SCALAR = re.compile(r"    const float pre_(\w+) = warp < t \? (.*) : 0\.f;  //.*\n")
+SECOND = "(b * t_tok + warp + WARPS)"
 
 
-def _scalars_before_rows(text: str) -> str:
-    """Each warp's first draft's scalar token inputs (GDN's a and b, Mamba-2's dt, KDA's b) and the
-    head's scalar parameters (A_log, dt_bias, D) loaded into registers before the state rows, as the
-    generator loads the first draft's q and k (the fields take draft j = warp from them), so the
-    fields no longer wait for them behind the rows' bytes."""
-    if ROWS_START not in text:
-        raise NotApplicable("scalars before the rows")
-    scalars = sorted(set(_DRAFT_SCALAR.findall(text)))
-    params = sorted(set(_HEAD_PARAM.findall(text)))
-    if not scalars:
-        raise NotApplicable("scalars before the rows: none")
-    loads = "".join(f"    const float pre_s_{n} = warp < t ? tok_{n}[((size_t)(b * t_tok + warp) * HV + hv)] : 0.f;\n" for n in scalars)
-    loads += "".join(f"    const float pre_p_{n} = par_{n}[(size_t)hv];\n" for n in params)
+def _second_drafts_before_rows(text: str) -> str:
+    """Where a warp runs two drafts (fewer warps than drafts: nano's and super's verify at T = 8),
+    its second draft's (j = warp + WARPS) token inputs are loaded into registers before the rows
+    too, as ``first_draft_loads`` loads the first's."""
+    vectors, scalars = _FIRST_VECTOR.findall(text), _FIRST_SCALAR.findall(text)
+    if ROWS_START not in text or not vectors:
+        raise NotApplicable("second drafts before the rows")
+    loads = "".join(f"    float pre2_{n}[KE];\n    #pragma unroll\n    for (int i = 0; i < KE; ++i) {{ const int e = k_index(i, lane); "
+                    f"pre2_{n}[i] = (warp + WARPS < t && e < K) ? {load.replace('(b * t_tok + warp)', SECOND)} : 0.f; }}\n"
+                    for n, load in vectors)
+    loads += "".join(f"    const float pre2_{n} = warp + WARPS < t ? {load.replace('(b * t_tok + warp)', SECOND)} : 0.f;\n"
+                     for n, load in scalars)
     head, tail = text.split(ROWS_START, 1)
-    tail = _DRAFT_SCALAR.sub(lambda m: f"(j == warp ? pre_s_{m.group(1)} : {m.group(0)})", tail)
-    tail = _HEAD_PARAM.sub(lambda m: f"pre_p_{m.group(1)}", tail)
+    for n, _ in vectors:
+        tail = tail.replace(f"(j == warp ? pre_{n}[i] : ", f"(j == warp ? pre_{n}[i] : j == warp + WARPS ? pre2_{n}[i] : ")
+    for n, _ in scalars:
+        tail = tail.replace(f"(j == warp ? pre_{n} : ", f"(j == warp ? pre_{n} : j == warp + WARPS ? pre2_{n} : ")
     return head + loads + ROWS_START + tail
 
 
-SCALARS_FIRST = in_kernel("verify", _scalars_before_rows)
+SECOND_DRAFTS = in_kernel("verify", _second_drafts_before_rows)
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -153,10 +155,11 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             # correct kernels, measured at 8fa44e7 and not adopted (no faster): kept to re-measure
             "fill before the rows": FILL_FIRST, "scores of used keys only": [USED_SCORES],
             "queries split once": [QUERIES_SPLIT_ONCE],
-            # a candidate, timed at ec03904 (0.955-0.994x): the next to build into the generator
-            "scalars before the rows": [SCALARS_FIRST]}
+            # a candidate: the drafts past the warps' count loaded before the rows too
+            "second drafts before the rows": [SECOND_DRAFTS]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
-# are the generator's own since 959b8a9: lowering/render_row_inputs.py)
+# are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
+# measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
 # vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments
 FAMILY_SPECIFIC = ("scores of used keys only", "queries split once")

@@ -185,18 +185,36 @@ def test_drafts_prefetch_spreads_each_drafts_lines_over_consecutive_lanes():
 
 @pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
 def test_verify_loads_each_warps_first_draft_before_the_state_rows(variant):
-    """Verify on tensor cores: each warp's first draft's K-sized token inputs (those its head-level
-    fields read) are loaded before the state rows, and the fields take draft j = warp from those
-    registers. The steps, the snapshot baseline and verify's SIMT rows (under a register cap) hoist
-    nothing."""
-    names = hoistable_inputs(variants.get(variant))
-    assert names, "every built-in reads a key and a query over K"
+    """Verify on tensor cores: each warp's first draft's token inputs that its head-level fields read
+    (over K: key, query, a decay vector; scalars: decay, strength), the head's parameters over K
+    that the vector fields read and its scalar parameters that any of its fields read are loaded
+    before the state rows; the fields take draft j = warp from those registers and read the
+    parameters nowhere else. The steps, the snapshot baseline and
+    verify's SIMT rows (under a register cap) hoist nothing."""
+    decl = variants.get(variant)
+    names = hoistable_inputs(decl)
+    kinds = {(decl.input(n).kind, decl.input(n).size) for n in names}
+    assert ("token", "K") in kinds, "every built-in reads a key and a query over K"
     text = source(variant, "odd-grouped")
     body = kernel_body(text, "verify")
     first_row_load = body.index("reinterpret_cast<const float4*>(checkpoint")
     for name in names:
-        assert body.index(f"pre_{name}[i] = (warp < t && e < K) ? tok_{name}[") < first_row_load, name
-        assert f"(j == warp ? pre_{name}[i] : tok_{name}[" in body, name
+        kind, size = decl.input(name).kind, decl.input(name).size
+        if kind == "param":  # a scalar, or a vector over K (KDA's dt_bias)
+            load = f"const float pre_{name} = par_{name}[(size_t)" if size == "" else f"pre_{name}[i] = (e < K) ? par_{name}["
+            assert body.index(load) < first_row_load, name
+            assert body.count(f"par_{name}[") == 1, f"{name} is read once, before the rows"
+            assert (f" = pre_{name};" if size == "" else f"? pre_{name}[i] : 0.f;") in body, name
+        elif size == "":
+            assert body.index(f"const float pre_{name} = warp < t ? tok_{name}[((size_t)(b * t_tok + warp)") < first_row_load, name
+            assert f"(j == warp ? pre_{name} : tok_{name}[((size_t)(b * t_tok + j)" in body, name
+        else:
+            assert body.index(f"pre_{name}[i] = (warp < t && e < K) ? tok_{name}[") < first_row_load, name
+            assert f"(j == warp ? pre_{name}[i] : tok_{name}[" in body, name
+    scalars = {s.name: s.kind for s in decl.inputs if s.size == ""}
+    for name, kind in scalars.items():  # one not hoisted is one verify does not read
+        if name not in names:
+            assert (f"par_{name}[" if kind == "param" else f"tok_{name}[") not in body, name
     for kernel in ("conventional_step", "replay_step", "snapshot_verify"):
         assert "pre_" not in kernel_body(text, kernel), kernel
     capped = render_program(lower(variants.get(variant), SHAPES["odd-grouped"], ReplayConfig()),

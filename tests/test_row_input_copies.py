@@ -54,18 +54,21 @@ def test_verify_copies_each_row_input_before_the_state_rows_and_loads_none_after
         assert span[max(0, i - 20):i].rstrip().endswith("cp_async_wait();"), span[max(0, i - 80):i + 7]
 
 
-def test_the_value_lands_in_its_row_field_and_mamba2s_gate_and_skip_follow_the_first_barrier():
+def test_the_value_and_gate_land_in_their_row_fields_and_mamba2s_skip_and_silu_follow_the_first_barrier():
     shape = PRESETS["nemotron-nano-4b"].shape
     gdn = kernel_body(verify_source(variants.get("gdn"), shape), "verify")
     assert "stage_token_rows(sh_value, tok_v +" in gdn and "sh_in_" not in gdn
     assert "__shared__ __align__(16) float sh_value[TMAX * BV];" in gdn
     mamba2 = kernel_body(verify_source(variants.get("mamba2"), shape), "verify")
-    assert "stage_token_rows(sh_value, tok_x +" in mamba2 and "stage_token_rows(sh_in_z, tok_z +" in mamba2
+    assert "stage_token_rows(sh_value, tok_x +" in mamba2 and "stage_token_rows(sh_gate, tok_z +" in mamba2
+    assert "sh_in_" not in mamba2, "float32 inputs land in their row fields: no shared arrays of their own"
     computed = mamba2.index("// the row fields from the copied inputs")
     first_barrier = mamba2.index("cp_async_wait();\n    __syncthreads();")
     assert first_barrier < computed < mamba2.index("__syncthreads();", computed), "computed before the rows' barriers"
     loop = mamba2[computed:mamba2.index("__syncthreads();", computed)]
-    assert "sh_skip[x] =" in loop and "sh_gate[x] = silu_f(" in loop and "sh_in_z[x]" in loop and "sh_value[x]" in loop
+    assert "sh_skip[x] =" in loop and "sh_value[x]" in loop
+    gate_read, gate_write = loop.index("= sh_gate[x];"), loop.index("sh_gate[x] = silu_f(")
+    assert gate_read < gate_write, "silu(gate) replaces the gate's copy in place: read, then written"
     assert "sh_value[x] =" not in loop, "the copy is the value"
 
 

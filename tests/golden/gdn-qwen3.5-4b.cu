@@ -1317,6 +1317,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         const int e = k_index(i, lane);
         pre_k[i] = (warp < t && e < K) ? tok_k[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
     }
+    const float pre_a = warp < t ? tok_a[((size_t)(b * t_tok + warp) * HV + hv)] : 0.f;  // draft j = warp's a, loaded before the state rows
+    const float pre_b = warp < t ? tok_b[((size_t)(b * t_tok + warp) * HV + hv)] : 0.f;  // draft j = warp's b, loaded before the state rows
+    const float pre_A_log = par_A_log[(size_t)hv];  // the head's A_log, loaded before the state rows
+    const float pre_dt_bias = par_dt_bias[(size_t)hv];  // the head's dt_bias, loaded before the state rows
     constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
     const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
     float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
@@ -1375,15 +1379,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         float f6[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
-        const float g0 = par_A_log[(size_t)hv];
+        const float g0 = pre_A_log;
         const float g1 = expf(g0);
         const float g2 = (-g1);
-        const float g3 = tok_a[((size_t)(b * t_tok + j) * HV + hv)];
-        const float g4 = par_dt_bias[(size_t)hv];
+        const float g3 = (j == warp ? pre_a : tok_a[((size_t)(b * t_tok + j) * HV + hv)]);
+        const float g4 = pre_dt_bias;
         const float g5 = (g3 + g4);
         const float g6 = softplus_f(g5);
         const float g7 = (g2 * g6);
-        const float s0 = tok_b[((size_t)(b * t_tok + j) * HV + hv)];
+        const float s0 = (j == warp ? pre_b : tok_b[((size_t)(b * t_tok + j) * HV + hv)]);
         const float s1 = sigmoid_f(s0);
         #pragma unroll
         for (int i = 0; i < KE; ++i) {

@@ -1367,6 +1367,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         const int e = k_index(i, lane);
         pre_g_raw[i] = (warp < t && e < K) ? tok_g_raw[((size_t)(b * t_tok + warp) * HV + hv) * K + e] : 0.f;
     }
+    const float pre_b = warp < t ? tok_b[((size_t)(b * t_tok + warp) * HV + hv)] : 0.f;  // draft j = warp's b, loaded before the state rows
+    float pre_dt_bias[KE];  // the head's dt_bias, loaded before the state rows
+    #pragma unroll
+    for (int i = 0; i < KE; ++i) {
+        const int e = k_index(i, lane);
+        pre_dt_bias[i] = (e < K) ? par_dt_bias[(size_t)hv * K + e] : 0.f;
+    }
+    const float pre_A_log = par_A_log[(size_t)hv];  // the head's A_log, loaded before the state rows
     constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
     const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
     float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
@@ -1425,7 +1433,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         float f6[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f6[i] = (e < K) ? (f3[i] * f5) : 0.f; }
-        const float g0 = par_A_log[(size_t)hv];
+        const float g0 = pre_A_log;
         const float g1 = expf(g0);
         const float g2 = (-g1);
         float g3[KE];
@@ -1433,7 +1441,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); g3[i] = (e < K) ? (j == warp ? pre_g_raw[i] : tok_g_raw[((size_t)(b * t_tok + j) * HV + hv) * K + e]) : 0.f; }
         float g4[KE];
         #pragma unroll
-        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); g4[i] = (e < K) ? par_dt_bias[(size_t)hv * K + e] : 0.f; }
+        for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); g4[i] = (e < K) ? pre_dt_bias[i] : 0.f; }
         float g5[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); g5[i] = (e < K) ? (g3[i] + g4[i]) : 0.f; }
@@ -1443,7 +1451,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         float g7[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); g7[i] = (e < K) ? (g2 * g6[i]) : 0.f; }
-        const float s0 = tok_b[((size_t)(b * t_tok + j) * HV + hv)];
+        const float s0 = (j == warp ? pre_b : tok_b[((size_t)(b * t_tok + j) * HV + hv)]);
         const float s1 = sigmoid_f(s0);
         #pragma unroll
         for (int i = 0; i < KE; ++i) {

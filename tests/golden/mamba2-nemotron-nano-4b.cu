@@ -1253,14 +1253,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_value[TMAX * BV];
     __shared__ __align__(16) float sh_skip[TMAX * BV];
     __shared__ __align__(16) float sh_gate[TMAX * BV];
-    __shared__ __align__(16) float sh_in_z[TMAX * BV];
     if (warp == 1 % WARPS && lane < t_tok) prefetch_l1(tok_dt + ((size_t)(b * t_tok + lane) * HV + hv));
     if (warp == 2 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_B + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
     if (warp == 3 % WARPS && lane < t_tok * ((K + 31) / 32) && (lane % ((K + 31) / 32)) * 32 < K) prefetch_l1(tok_C + ((size_t)(b * t_tok + lane / ((K + 31) / 32)) * H + hk) * K + (lane % ((K + 31) / 32)) * 32);
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
     stage_token_rows(sh_value, tok_x + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
-    stage_token_rows(sh_in_z, tok_z + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
+    stage_token_rows(sh_gate, tok_z + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
     int page = src;
     if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
         const int n = __ldcg(fill + slot);
@@ -1281,6 +1280,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         const int e = k_index(i, lane);
         pre_C[i] = (warp < t && e < K) ? tok_C[((size_t)(b * t_tok + warp) * H + hk) * K + e] : 0.f;
     }
+    const float pre_dt = warp < t ? tok_dt[((size_t)(b * t_tok + warp) * HV + hv)] : 0.f;  // draft j = warp's dt, loaded before the state rows
+    const float pre_A_log = par_A_log[(size_t)hv];  // the head's A_log, loaded before the state rows
+    const float pre_dt_bias = par_dt_bias[(size_t)hv];  // the head's dt_bias, loaded before the state rows
+    const float pre_D = par_D[(size_t)hv];  // the head's D, loaded before the state rows
     constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp
     const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad
     float sm[MT][2][K / 4];  // sm[mt][h][4m + u]: row 16 mt + 8 h + g, element 4 (quad + 4 m) + u
@@ -1316,16 +1319,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         float f1[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? (j == warp ? pre_C[i] : tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
-        const float g0 = par_A_log[(size_t)hv];
+        const float g0 = pre_A_log;
         const float g1 = expf(g0);
         const float g2 = (-g1);
-        const float g3 = tok_dt[((size_t)(b * t_tok + j) * HV + hv)];
-        const float g4 = par_dt_bias[(size_t)hv];
+        const float g3 = (j == warp ? pre_dt : tok_dt[((size_t)(b * t_tok + j) * HV + hv)]);
+        const float g4 = pre_dt_bias;
         const float g5 = (g3 + g4);
         const float g6 = softplus_f(g5);
         const float g7 = (g2 * g6);
-        const float s0 = tok_dt[((size_t)(b * t_tok + j) * HV + hv)];
-        const float s1 = par_dt_bias[(size_t)hv];
+        const float s0 = (j == warp ? pre_dt : tok_dt[((size_t)(b * t_tok + j) * HV + hv)]);
+        const float s1 = pre_dt_bias;
         const float s2 = (s0 + s1);
         const float s3 = softplus_f(s2);
         #pragma unroll
@@ -1340,10 +1343,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs
         const int j = x / BV, row = v0 + x % BV;  (void)j;
         if (row < V) {
-            const float r0 = par_D[(size_t)hv];
+            const float r0 = pre_D;
             const float r1 = sh_value[x];
             const float r2 = (r0 * r1);
-            const float r3 = sh_in_z[x];
+            const float r3 = sh_gate[x];
             sh_skip[x] = r2;
             sh_gate[x] = silu_f(r3);
         } else {
