@@ -143,6 +143,25 @@ def _second_drafts_before_rows(text: str) -> str:
 
 
 SECOND_DRAFTS = in_kernel("verify", _second_drafts_before_rows)
+RECORDS_END = "    for (int j = warp; j < t; j += WARPS) {\n"
+PAGE_START = "    int page = src;\n"
+
+
+def _records_before(place: str, label: str):
+    """The fill, its check and the records' copies (``stage_floats``, ``stage_writes``: cp.async) moved
+    before ``place``, so the records' bytes are asked for before the state rows' (the rows then wait
+    for the fill's round trip)."""
+    def edit(text: str) -> str:
+        if FILL_LOAD not in text or place not in text:
+            raise NotApplicable(label)
+        start, end = text.index(FILL_LOAD), text.index(RECORDS_END)
+        block, text = text[start:end], text[:start] + text[end:]
+        return text.replace(place, block + place, 1)
+    return in_kernel("verify", edit)
+
+
+RECORDS_BEFORE_ROWS = _records_before(ROWS_START, "fill and records before the rows")
+RECORDS_FIRST = _records_before(PAGE_START, "fill and records first")
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
             "rows from cache, records not staged (bound)": [CACHED_ROWS, NO_RECORDS],
             # each phase of verify left out (results wrong, time right): what each costs
@@ -156,7 +175,8 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "fill before the rows": FILL_FIRST, "scores of used keys only": [USED_SCORES],
             "queries split once": [QUERIES_SPLIT_ONCE],
             # a candidate: the drafts past the warps' count loaded before the rows too
-            "second drafts before the rows": [SECOND_DRAFTS]}
+            "second drafts before the rows": [SECOND_DRAFTS],
+            "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
 # measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
