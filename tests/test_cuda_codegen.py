@@ -165,9 +165,8 @@ def test_every_token_kernel_prefetches_every_token_input_before_the_state_rows(v
         first_row_load = min(body.index(mark) for mark in ("load_row(", "reinterpret_cast<const float4*>(checkpoint")
                              if mark in body)
         for name in tokens:  # asked of L1, or (verify's row inputs) copied to shared memory
-            asked = [body.find(mark) for mark in (f"prefetch_l1(tok_{name} + ", f"_rows(sh_value, tok_{name} + ",
-                                                  f"_rows(sh_in_{name}, tok_{name} + ")]
-            assert 0 <= min(i for i in asked if i >= 0) < first_row_load, (kernel, name)
+            asked = [m.start() for m in re.finditer(rf"(prefetch_l1\(|stage_token_rows\(sh_\w+, )tok_{name} \+ ", body)]
+            assert asked and asked[0] < first_row_load, (kernel, name)
 
 
 def test_drafts_prefetch_spreads_each_drafts_lines_over_consecutive_lanes():
