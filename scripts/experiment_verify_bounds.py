@@ -19,7 +19,9 @@ commit, accepting none):
   samples;
 * correct kernels that change an order or save work, timed before the generator adopts them (at
   ``8fa44e7`` none of those still here was faster: the fill loaded before the rows, the scores of the
-  key blocks in use only, the drafts' queries split for 3xTF32 once by the cumulate);
+  key blocks in use only, the drafts' queries split for 3xTF32 once by the cumulate; at ``b69cb6d`` and
+  ``ea41175`` neither the drafts past the warps' count loaded before the rows nor the fill and the
+  records' copies moved before them);
 * ``flush_for_verify: checks only (bound)``: the fold launched before verify keeps its checks and
   early exits (no row folds in this benchmark) but drops the fold's registers and shared memory, so
   more of its CTAs fit on an SM; and ``flush_for_verify not launched (bound)``;
@@ -174,7 +176,7 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             # correct kernels, measured at 8fa44e7 and not adopted (no faster): kept to re-measure
             "fill before the rows": FILL_FIRST, "scores of used keys only": [USED_SCORES],
             "queries split once": [QUERIES_SPLIT_ONCE],
-            # a candidate: the drafts past the warps' count loaded before the rows too
+            # correct kernels, measured at b69cb6d / ea41175 and not adopted (0.992-1.000; 1.004-1.028)
             "second drafts before the rows": [SECOND_DRAFTS],
             "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
