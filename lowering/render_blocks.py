@@ -102,16 +102,19 @@ def token_prefetch(decl, drafts: bool, copied: tuple = ()) -> list[str]:
     return lines
 
 
+def inputs_read(decl, roles) -> set:
+    """The names of the inputs (token inputs and parameters) that the expressions ``roles`` read."""
+    ex = decl.expressions()
+    return {n.arg for role in roles if role in ex for n in ex[role].walk() if n.op in ("INPUT", "PARAM")}
+
+
 def hoistable_inputs(decl) -> tuple:
     """The inputs verify loads into registers before the state rows (``first_draft_loads``): the
     K-sized token inputs and parameters that the head-level vector fields (key, query, a decay
     vector) read, the scalar token inputs that the scalar fields (decay, write strength) read, and
     the scalar parameters that any of verify's fields (those and the row fields) read."""
-    ex = decl.expressions()
-    def read_by(fields) -> set:
-        return {n.arg for f in fields if f in ex for n in ex[f].walk() if n.op in ("INPUT", "PARAM")}
-    vectors, scalars = read_by(("key", "query", "decay")), read_by(("decay", "beta", "strength"))
-    params = read_by(("key", "query", "decay", "beta", "strength") + ROW_FIELDS)
+    vectors, scalars = inputs_read(decl, ("key", "query", "decay")), inputs_read(decl, ("decay", "beta", "strength"))
+    params = inputs_read(decl, ("key", "query", "decay", "beta", "strength") + ROW_FIELDS)
     def named(kind: str, size: str, among: set) -> tuple:
         return tuple(s.name for s in decl.inputs if s.kind == kind and s.size == size and s.name in among)
     return named("token", "K", vectors) + named("token", "", scalars) + named("param", "K", vectors) + named("param", "", params)
@@ -129,16 +132,17 @@ def first_draft_loads(decl, names: tuple) -> list[str]:
         spec = decl.input(name)
         token = spec.kind == "token"
         what = f"draft j = warp's {name}" if token else f"the head's {name}"
-        live = "warp < t" if token else ""
         if spec.size == "":
             load = input_load(spec, "", token="warp")
-            lines.append(f"const float pre_{name} = {f'{live} ? {load} : 0.f' if token else load};  // {what}, loaded before the state rows")
+            value = f"warp < t ? {load} : 0.f" if token else load
+            lines.append(f"const float pre_{name} = {value};  // {what}, loaded before the state rows")
             continue
+        live = "warp < t && e < K" if token else "e < K"
         lines += [f"float pre_{name}[KE];  // {what}, loaded before the state rows",
                   "#pragma unroll",
                   "for (int i = 0; i < KE; ++i) {",
                   "    const int e = k_index(i, lane);",
-                  f"    pre_{name}[i] = ({live + ' && ' if token else ''}e < K) ? {input_load(spec, 'e', token='warp')} : 0.f;",
+                  f"    pre_{name}[i] = ({live}) ? {input_load(spec, 'e', token='warp')} : 0.f;",
                   "}"]
     return lines
 

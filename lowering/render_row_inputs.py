@@ -17,7 +17,7 @@ T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b
 
 from __future__ import annotations
 
-from .render_blocks import ROW_FIELDS
+from .render_blocks import ROW_FIELDS, inputs_read
 
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 _C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: raw bits, widened where read
@@ -25,8 +25,7 @@ _C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: ra
 
 def row_inputs(decl) -> list:
     """The V-sized token inputs the row fields read, in declaration order."""
-    ex = decl.expressions()
-    names = {n.arg for role in ROW_FIELDS if role in ex for n in ex[role].walk() if n.op == "INPUT"}
+    names = inputs_read(decl, ROW_FIELDS)
     return [s for s in decl.inputs if s.kind == "token" and s.size == "V" and s.name in names]
 
 
