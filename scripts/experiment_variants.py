@@ -166,6 +166,72 @@ def row_inputs_first(kernel: str, after: str):
 SLOT_CHECK = "dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache\n"
 VARIANTS["row inputs first"] = [row_inputs_first("replay_step", SLOT_CHECK)]
 VARIANTS["fused cumulate"] = [replay_step_edits(FUSED_CUMULATE_EDITS)]
+# Bounds for the replay step at B = 1 (results wrong, time right): where its extra microseconds over
+# the conventional step go. The fill read by a plain load instead of the counting atomic (the first
+# row's CTA then sets the next fill, racing the others' reads); the records not staged (the buffer's
+# bytes, the load that waits on the fill); the head-level phases (the cumulate, the scores, the
+# records' appends and their two barriers) left out, the rows run straight after the first barrier.
+ARRIVAL = "sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
+LAST_ARRIVAL = "if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word("
+PLAIN_FILL = [replay_step_edits([
+    (ARRIVAL, "sh_fill_word = __ldcg(reinterpret_cast<const unsigned int*>(fill) + slot) & FILL_MASK;"),
+    (LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(")])]
+NO_RECORDS = [replay_step_edits([("    if (!EAGER_RECORDS) {\n", "    if (false) {\n")])]
+ROWS_START = "    __syncthreads();\n    float wv[RPW];\n"
+
+
+def _without_head_phases(text: str) -> str:
+    end = text.find(ROWS_START)
+    start = text.rfind(FIRST_BARRIER, 0, end)
+    if start < 0 or end < 0:
+        raise SystemExit("variant edit does not apply: no head-level phases")
+    return text[:start + len(FIRST_BARRIER)] + text[end + len("    __syncthreads();\n"):]
+
+
+NO_HEAD_PHASES = [in_kernel("replay_step", _without_head_phases)]
+FILL_CHECK = re.compile(r"    __syncthreads\(\);  // thread 0's arrival holds the fill\n"
+                        r"    int n = \(int\)\(sh_fill_word & FILL_MASK\);\n"
+                        r"    if \(n < 0 \|\| n > CAPACITY \|\| \(sh_fill_word >> FILL_BITS\) > \(gridDim.x \* gridDim.y - 1\)\) \{\n"
+                        r"        if \(tid == 0\) leave_fill\(reinterpret_cast<unsigned int\*>\(fill\) \+ slot\);\n"
+                        r"(?P<stop>        .*\n)        return;\n    \}\n")
+ARRIVE = ("    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
+          "  // read the fill and count this CTA: one atomic\n")
+RELAXED_FILL_LOAD = ("    unsigned int fill_seen;  // every thread: the word before this CTA's arrival\n"
+                     "    asm volatile(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n")
+APPENDS = "    if (!flush) {\n        if (blockIdx.x == 0) {\n"
+BARRIER = "    __syncthreads();\n"
+
+
+def _arrival_after_first_barrier(text: str) -> str:
+    """A correct kernel: every thread reads the fill word itself (a relaxed load, before its CTA's
+    arrival), so the records' staging waits for no atomic and no barrier; thread 0 arrives after the
+    first barrier (every thread's read done) and its count reaches the CTA at the rows' barrier, where
+    a count past the row's CTAs still leaves before anything is written (the records' appends move
+    after that barrier; the leave waits for the CTA's copies as before)."""
+    check = FILL_CHECK.search(text)
+    appends = text.find(APPENDS)
+    rows = text.find(BARRIER, appends)
+    first = text.rfind(FIRST_BARRIER, 0, appends)
+    if check is None or min(appends, rows, first) < 0 or ARRIVE not in text:
+        raise SystemExit("variant edit does not apply: arrival after the first barrier")
+    leave = ("    if (tid == 0) sh_fill_word = arrival;\n" + BARRIER +
+             "    if ((sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {  // a count past the row's CTAs\n"
+             "        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n"
+             + check.group("stop") + "        return;\n    }\n")
+    at = first + len(FIRST_BARRIER)
+    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+            + text[at:appends] + leave + text[appends:rows] + text[rows + len(BARRIER):])
+    text = text.replace(ARRIVE, RELAXED_FILL_LOAD, 1)
+    stop = check.group("stop").strip()
+    return FILL_CHECK.sub("    int n = (int)(fill_seen & FILL_MASK);\n"
+                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n".replace("\\", "\\\\"), text, count=1)
+
+
+VARIANTS["fill loaded, arrival after the first barrier"] = [in_kernel("replay_step", _arrival_after_first_barrier)]
+VARIANTS["plain fill load (bound)"] = PLAIN_FILL
+VARIANTS["records not staged (bound)"] = NO_RECORDS
+VARIANTS["no head-level phases (bound)"] = NO_HEAD_PHASES
+VARIANTS["plain fill, no records, no head-level phases (bound)"] = PLAIN_FILL + NO_RECORDS + NO_HEAD_PHASES
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
