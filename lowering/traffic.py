@@ -2,8 +2,9 @@
 
 Bytes are counted per batch row and value head, for a given buffer fill ``n`` and draft count ``t``,
 taking each ``When`` branch as the plan's flush rule decides. Only state and record traffic count
-towards the traffic model of docs/design.md (inputs, outputs and fills are listed apart as ``io``). Keys stored once
-per key head are charged ``1 / (HV / H)`` to each value head.
+towards the traffic model of docs/design.md; the token inputs read and the outputs written are listed
+apart (``token_read``, ``output_write``, together ``io``; fills and batch indices are not counted). Keys
+and tokens stored once per key head are charged ``1 / (HV / H)`` to each value head.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ class Traffic:
     state_write: float = 0.0
     record_read: float = 0.0
     record_write: float = 0.0
-    io: float = 0.0
+    token_read: float = 0.0
+    output_write: float = 0.0
 
     @property
     def total(self) -> float:
         """State and record bytes: what docs/design.md's traffic model counts."""
         return self.state_read + self.state_write + self.record_read + self.record_write
+
+    @property
+    def io(self) -> float:
+        """The token inputs read and the outputs written."""
+        return self.token_read + self.output_write
 
     def __add__(self, other: "Traffic") -> "Traffic":
         return Traffic(*(a + b for a, b in zip(self._tuple(), other._tuple())))
@@ -36,7 +43,8 @@ class Traffic:
         return Traffic(*(a * factor for a in self._tuple()))
 
     def _tuple(self):
-        return (self.state_read, self.state_write, self.record_read, self.record_write, self.io)
+        return (self.state_read, self.state_write, self.record_read, self.record_write, self.token_read,
+                self.output_write)
 
 
 def record_bytes(program: Program) -> float:
@@ -90,9 +98,9 @@ def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: in
             elif s.op == "append":
                 acc += Traffic(record_write=t * R)
             elif s.op == "fields":
-                acc += Traffic(io=_token_bytes(p, t if s.attr("tokens") == "drafts" else 1))
+                acc += Traffic(token_read=_token_bytes(p, t if s.attr("tokens") == "drafts" else 1))
             elif s.op == "store_output":
-                acc += Traffic(io=(t if s.attr("per_draft") else 1) * p.shape.v_dim * 4)
+                acc += Traffic(output_write=(t if s.attr("per_draft") else 1) * p.shape.v_dim * 4)
         return n
 
     walk(kernel.body, fill)
@@ -105,6 +113,18 @@ def replay_step_amortized(program: Program) -> Traffic:
     total = Traffic()
     for n in range(L):
         total += kernel_traffic(program, "replay_step", n)
+    return total.scale(1.0 / L)
+
+
+def verify_mixed(program: Program, drafts: int) -> Traffic:
+    """Verify of ``drafts`` tokens with the fold launched before it (``flush_for_verify``), averaged
+    over the ``L`` fills of the mixed steady state (row ``b`` at fill ``b mod L``), as the benchmark
+    times it. Its floor counts the tokens and outputs too (``io``): at T = 8 they are a tenth or more
+    of its bytes, where the replay step's one token is noise."""
+    L = program.config.window
+    total = Traffic()
+    for n in range(L):
+        total += kernel_traffic(program, "flush_for_verify", n, drafts) + kernel_traffic(program, "verify", n, drafts)
     return total.scale(1.0 / L)
 
 

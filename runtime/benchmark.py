@@ -29,7 +29,7 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS
 from replayssm_dsl.errors import InputError
 from replayssm_dsl.lowering.buffer_rules import verify_flushes
-from replayssm_dsl.lowering.traffic import kernel_traffic, replay_step_amortized
+from replayssm_dsl.lowering.traffic import Traffic, kernel_traffic, replay_step_amortized, verify_mixed
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
 INPUT_SETS = 4
@@ -356,11 +356,10 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
         res["copy_floor"], res["read_floor"] = _floors(cp, state_bytes, reps)
         program = cache.program
         amort = replay_step_amortized(program)
-        read_bw = state_bytes / res["read_floor"]  # bytes per ms
-        copy_bw = 2 * state_bytes / res["copy_floor"]
+        rates = (state_bytes / res["read_floor"], 2 * state_bytes / res["copy_floor"])  # bytes per ms
         heads = batch * HV
-        res["replay_floor"] = heads * (amort.state_read + amort.record_read) / read_bw + \
-            heads * (amort.state_write + amort.record_write) * 2 / copy_bw  # a write costs what a copy's byte pair does
+        res["replay_floor"] = floor_ms(amort, heads, *rates, with_io=False)
+        res["verify_floor"] = floor_ms(verify_mixed(program, 8), heads, *rates, with_io=True)
         res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
     if "fla" in kernels:
         res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps, token_dtype)
@@ -368,6 +367,16 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     del cache
     cp.get_default_memory_pool().free_all_blocks()
     return res
+
+
+def floor_ms(traffic: Traffic, heads: int, read_bw: float, copy_bw: float, with_io: bool) -> float:
+    """The time ``traffic`` (bytes per value head) takes for ``heads`` heads at the measured bandwidths
+    (bytes per ms): a byte read at the state-sized read's rate, a byte written at what a copy pays for
+    its byte pair. The replay step's floor counts state and records only (the issue's traffic model);
+    verify's counts its tokens and outputs too (``with_io``)."""
+    reads = traffic.state_read + traffic.record_read + (traffic.token_read if with_io else 0.0)
+    writes = traffic.state_write + traffic.record_write + (traffic.output_write if with_io else 0.0)
+    return heads * reads / read_bw + heads * writes * 2 / copy_bw
 
 
 def _ratio(r: dict, a: str, b: str) -> float:
@@ -378,23 +387,26 @@ def _ratio(r: dict, a: str, b: str) -> float:
 COLUMNS = [("B", "B", "{:d}"), ("launch", "launch", "{}"), ("conv", "conventional_step", "{:.3f}"), ("replay", "replay_step", "{:.3f}"),
            ("flush", "flush", "{:.3f}"), ("ver2", "verify_T2", "{:.3f}"), ("ver4", "verify_T4", "{:.3f}"),
            ("ver8", "verify_T8", "{:.3f}"), ("spec8", "verify_spec_T8", "{:.3f}"), ("snap8", "snapshot_verify_T8", "{:.3f}"), ("fla", "fla_step", "{:.3f}"),
-           ("copy", "copy_floor", "{:.3f}"), ("read", "read_floor", "{:.3f}"), ("rfloor", "replay_floor", "{:.3f}")]
+           ("copy", "copy_floor", "{:.3f}"), ("read", "read_floor", "{:.3f}"), ("rfloor", "replay_floor", "{:.3f}"),
+           ("vfloor", "verify_floor", "{:.3f}")]
 
 
 def markdown(results: list[dict]) -> str:
     lines = ["All times ms per decode step of one layer (median over CUDA-graph replays; floors eager; every timed",
              "launch queued behind a busy kernel, so the host's enqueueing is not timed).",
-             "`rfloor` = replay step's floor from the traffic model at the measured read/copy bandwidths.", ""]
+             "`rfloor` = replay step's floor from the traffic model at the measured read/copy bandwidths;",
+             "`vfloor` = verify T = 8's (with its fold, at the mixed fills; its tokens and outputs counted too).", ""]
     for preset_name in dict.fromkeys(r["preset"] for r in results):
         rows = [r for r in results if r["preset"] == preset_name]
         lines += [f"### {preset_name} ({rows[0]['variant']})", "",
-                  "| " + " | ".join(c for c, _, _ in COLUMNS) + " | replay/rfloor | conv/copy | conv/replay | fla/replay | ver8/conv | snap8/ver8 |",
-                  "|" + "---|" * (len(COLUMNS) + 6)]
+                  "| " + " | ".join(c for c, _, _ in COLUMNS) + " | replay/rfloor | conv/copy | conv/replay | fla/replay | ver8/conv | snap8/ver8 | ver8/vfloor |",
+                  "|" + "---|" * (len(COLUMNS) + 7)]
         for r in rows:
             cells = [fmt.format(r[k]) if r.get(k) is not None else "n/a" for _, k, fmt in COLUMNS]
             ratios = [_ratio(r, "replay_step", "replay_floor"), _ratio(r, "conventional_step", "copy_floor"),
                       _ratio(r, "conventional_step", "replay_step"), _ratio(r, "fla_step", "replay_step"),
-                      _ratio(r, "verify_T8", "conventional_step"), _ratio(r, "snapshot_verify_T8", "verify_T8")]
+                      _ratio(r, "verify_T8", "conventional_step"), _ratio(r, "snapshot_verify_T8", "verify_T8"),
+                      _ratio(r, "verify_T8", "verify_floor")]
             lines.append("| " + " | ".join(cells + ["n/a" if np.isnan(x) else f"{x:.2f}" for x in ratios]) + " |")
         lines.append("")
     return "\n".join(lines)

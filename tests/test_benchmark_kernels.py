@@ -193,3 +193,29 @@ def test_an_enqueue_longer_than_the_busy_kernel_is_reported(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         benchmark._median_ms(cp, lambda i: cp.log.append(("launch", None)), 3)
+
+
+def test_floors_read_at_the_read_rate_and_write_at_a_copys():
+    """``floor_ms`` on fresh random bytes and rates: reads at the read floor's rate, each written byte at
+    what a copy pays for its pair; the tokens and outputs only where asked (verify's floor)."""
+    from replayssm_dsl.lowering.traffic import Traffic
+    from replayssm_dsl.runtime.benchmark import floor_ms
+    rng = np.random.default_rng()
+    sr, sw, rr, rw, tr, ow = rng.uniform(1e3, 1e6, 6)
+    read_bw, copy_bw = rng.uniform(1e9, 5e9, 2)
+    heads = int(rng.integers(1, 10000))
+    traffic = Traffic(sr, sw, rr, rw, tr, ow)
+    bare = heads * (sr + rr) / read_bw + heads * (sw + rw) * 2 / copy_bw
+    assert floor_ms(traffic, heads, read_bw, copy_bw, with_io=False) == pytest.approx(bare, rel=1e-12)
+    assert floor_ms(traffic, heads, read_bw, copy_bw, with_io=True) == \
+        pytest.approx(bare + heads * tr / read_bw + heads * ow * 2 / copy_bw, rel=1e-12)
+
+
+def test_table_shows_verify_against_its_floor():
+    rng = np.random.default_rng()
+    row = {"preset": "kimi-linear", "variant": "kda", "B": 256, "launch": "ver 8x16",
+           "verify_T8": float(rng.uniform(0.2, 1)), "verify_floor": float(rng.uniform(0.1, 0.2))}
+    line = next(x for x in markdown([row]).splitlines() if x.startswith("| 256 "))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert float(cells[COLUMNS.index(("vfloor", "verify_floor", "{:.3f}"))]) == pytest.approx(row["verify_floor"], abs=6e-4)
+    assert float(cells[-1]) == pytest.approx(row["verify_T8"] / row["verify_floor"], abs=6e-3)

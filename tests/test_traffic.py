@@ -19,8 +19,8 @@ from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.buffer_rules import verify_flushes
-from replayssm_dsl.lowering.traffic import (design_formulas, kernel_traffic, record_bytes,
-                                            replay_step_amortized)
+from replayssm_dsl.lowering.traffic import (Traffic, design_formulas, kernel_traffic, record_bytes,
+                                            replay_step_amortized, verify_mixed)
 from strategies import shapes
 
 L = 16
@@ -115,6 +115,41 @@ def test_verify_reads_one_state_writes_records_and_no_state(preset_program, draf
         else:
             assert pre.total == 0, (n, drafts)
         assert (v + pre).state_write == (E * 4 if folds else 0)
+
+
+# By hand, floats per batch row and value head of one token: GDN's and KDA's q and k shared by a
+# key group, v, and the gates (GDN a, b; KDA a over K, b; Mamba-2 x, z over V, dt, B and C shared).
+def _token_floats(variant: str, shape: ModelShape) -> float:
+    K, V, G = shape.k_dim, shape.v_dim, shape.group_size
+    return {"gdn": 2 * K / G + V + 2, "kda": 2 * K / G + V + K + 1, "mamba2": 2 * V + 1 + 2 * K / G}[variant]
+
+
+@pytest.mark.parametrize("drafts", (1, 2, 8))
+def test_tokens_read_and_outputs_written_per_draft(preset_program, drafts):
+    preset, program = preset_program
+    V = preset.shape.v_dim
+    for kernel, t in (("verify", drafts), ("replay_step", 1), ("conventional_step", 1)):
+        x = kernel_traffic(program, kernel, 3, drafts)
+        assert x.token_read == pytest.approx(4 * t * _token_floats(preset.variant, preset.shape)), kernel
+        assert x.output_write == t * V * 4, kernel
+        assert x.io == x.token_read + x.output_write
+
+
+def test_verify_mixed_is_the_mean_over_the_fills_of_verify_and_its_fold(preset_program):
+    """Verify at T = 8 as the benchmark times it: rows at fills 0 .. L - 1, the fold before it included."""
+    preset, program = preset_program
+    E, R = preset.shape.state_elements, record_bytes(program)
+    mixed = verify_mixed(program, 8)
+    folds = [verify_flushes(n, 8, L, program.config.max_drafts) for n in range(L)]
+    assert mixed.state_read == pytest.approx(E * 4 * (1 + sum(folds) / L))
+    assert mixed.state_write == pytest.approx(E * 4 * sum(folds) / L)
+    assert mixed.record_write == pytest.approx(8 * R)
+    assert mixed.record_read == pytest.approx(R * sum(range(L)) / L)  # verify's or, where it folds, the fold's
+    assert mixed.output_write == 8 * preset.shape.v_dim * 4
+    total = Traffic()
+    for n in range(L):
+        total += kernel_traffic(program, "verify", n, 8) + kernel_traffic(program, "flush_for_verify", n, 8)
+    assert mixed.total == pytest.approx(total.total / L) and mixed.io == pytest.approx(total.io / L)
 
 
 @pytest.mark.parametrize("drafts", range(1, 9))
