@@ -309,7 +309,7 @@ def main() -> None:
         out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
         state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
         copy_ms, read_ms = _floors(cp, state_bytes, 60)
-        table.append((name, "floors", f"copy {copy_ms:.4f}", f"read {read_ms:.4f}", ""))
+        table.append((name, "floors", f"copy {copy_ms:.5f}", f"read {read_ms:.5f}", ""))
         chosen = VARIANTS | (CACHE_HINTS if args.cache_hints else {})
         if args.variants:
             chosen = {label: chosen[label] for label in args.variants.split(";")}
@@ -336,9 +336,9 @@ def main() -> None:
             if "replay_step" not in times:  # the variant's edits do not apply to this family
                 continue
             conv, replay = times["conventional_step"], times["replay_step"]
-            extra = "  ".join(f"{k} {v:.4f}" for k, v in times.items() if k.startswith("replay n"))
-            table.append((name, f"{label} ({replay_launch.label})", f"conv {conv:.4f} ({conv / copy_ms:.3f} copy)",
-                          f"replay {replay:.4f} ({replay / read_ms:.3f} read)", extra))
+            extra = "  ".join(f"{k} {v:.5f}" for k, v in times.items() if k.startswith("replay n"))
+            table.append((name, f"{label} ({replay_launch.label})", f"conv {conv:.5f} ({conv / copy_ms:.3f} copy)",
+                          f"replay {replay:.5f} ({replay / read_ms:.3f} read)", extra))
             print(*table[-1], flush=True)
         cuda_module.render_program = patched_renderer([])
     print("\n| preset | variant | conventional step ms | replay step ms | replay split |")
