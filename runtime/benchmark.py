@@ -372,7 +372,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
 def floor_ms(traffic: Traffic, heads: int, read_bw: float, copy_bw: float, with_io: bool) -> float:
     """The time ``traffic`` (bytes per value head) takes for ``heads`` heads at the measured bandwidths
     (bytes per ms): a byte read at the state-sized read's rate, a byte written at what a copy pays for
-    its byte pair. The replay step's floor counts state and records only (the issue's traffic model);
+    its byte pair. The replay step's floor counts state and records only (docs/design.md's traffic model);
     verify's counts its tokens and outputs too (``with_io``)."""
     reads = traffic.state_read + traffic.record_read + (traffic.token_read if with_io else 0.0)
     writes = traffic.state_write + traffic.record_write + (traffic.output_write if with_io else 0.0)
