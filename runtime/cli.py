@@ -19,7 +19,8 @@ from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS, parse_raw_record_fields, preset
 from replayssm_dsl.errors import ReplaySSMError
 from replayssm_dsl.lowering import lower
-from replayssm_dsl.lowering.traffic import design_formulas, kernel_traffic, record_bytes, replay_step_amortized
+from replayssm_dsl.lowering.traffic import (design_formulas, kernel_traffic, record_bytes, replay_step_amortized,
+                                            verify_mixed)
 
 from .benchmark import KERNELS as BENCH_KERNELS  # (no CuPy at import: the benchmark imports it when it runs)
 
@@ -68,18 +69,24 @@ def cmd_traffic(args) -> int:
     formulas = design_formulas(program)
     print(f"{p.name}: {p.note}; HV={p.shape.heads} H={p.shape.key_heads} V={p.shape.v_dim} K={p.shape.k_dim}, "
           f"E={E} elements, record R={R:g} B per value head, L={program.config.window}, B={B}")
-    print(f"{'kernel (fill)':<34}{'state R':>11}{'state W':>11}{'rec R':>10}{'rec W':>10}{'total/head':>12}{'MB/step':>10}")
+    print(f"{'kernel (fill)':<36}{'state R':>10}{'state W':>10}{'rec R':>9}{'rec W':>9}{'total/head':>12}{'MB/step':>9}"
+          f"{'tok R':>9}{'out W':>8}")
+
+    def line(label, tr):
+        print(f"{label:<36}{tr.state_read:>10.0f}{tr.state_write:>10.0f}{tr.record_read:>9.0f}{tr.record_write:>9.0f}"
+              f"{tr.total:>12.0f}{tr.total * per_step:>9.1f}{tr.token_read:>9.0f}{tr.output_write:>8.0f}")
+    T = program.config.max_drafts
     rows = [("conventional_step", 0, 1), ("replay_step", 0, 1), ("replay_step", program.config.window // 2, 1),
-            ("replay_step", program.config.window - 1, 1), ("verify", 0, 4), ("verify", 0, program.config.max_drafts),
-            ("snapshot_verify", 0, program.config.max_drafts)]
+            ("replay_step", program.config.window - 1, 1), ("verify", 0, min(4, T)), ("verify", 0, T),
+            ("snapshot_verify", 0, T)]
     for kernel, fill, t in rows:
-        tr = kernel_traffic(program, kernel, fill, t)
-        label = f"{kernel} (n={fill}{', t=' + str(t) if t > 1 else ''})"
-        print(f"{label:<34}{tr.state_read:>11.0f}{tr.state_write:>11.0f}{tr.record_read:>10.0f}{tr.record_write:>10.0f}"
-              f"{tr.total:>12.0f}{tr.total * per_step:>10.1f}")
+        line(f"{kernel} (n={fill}{', t=' + str(t) if t > 1 else ''})", kernel_traffic(program, kernel, fill, t))
+    line("replay_step amortised over L", replay_step_amortized(program))
+    line(f"verify t={T}, fills 0..L-1, with fold", verify_mixed(program, T))
+    print("bytes per batch row and value head; tok R / out W (the token inputs read, the outputs written) are not in\n"
+          "total/head (docs/design.md's model) but count in verify's floor, where at t = T_max they are a tenth or more")
     conv = kernel_traffic(program, "conventional_step", 0).total
     amort = replay_step_amortized(program).total
-    print(f"{'replay_step amortised over L':<34}{'':>42}{amort:>12.0f}{amort * per_step:>10.1f}")
     print(f"conventional / replay (amortised): {conv / amort:.2f}x less state traffic")
     ok = abs(conv - formulas["conventional"]) < 1e-6 and abs(amort - formulas["replay_amortized"]) < 1e-6
     print(f"traffic formulas (docs/design.md): conventional 2·E·s = {formulas['conventional']:.0f}, replay amortised "

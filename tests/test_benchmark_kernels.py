@@ -219,3 +219,21 @@ def test_table_shows_verify_against_its_floor():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert float(cells[COLUMNS.index(("vfloor", "verify_floor", "{:.3f}"))]) == pytest.approx(row["verify_floor"], abs=6e-4)
     assert float(cells[-1]) == pytest.approx(row["verify_T8"] / row["verify_floor"], abs=6e-3)
+
+
+def test_traffic_command_lists_tokens_outputs_and_verify_over_the_mixed_fills(capsys):
+    """``replayssm traffic`` prints verify at T_max over the fills 0 .. L - 1 (its fold included), the
+    row verify's floor is priced from, with its tokens read and outputs written."""
+    from replayssm_dsl import ReplayConfig, variants
+    from replayssm_dsl.config import PRESETS
+    from replayssm_dsl.lowering import lower
+    from replayssm_dsl.lowering.traffic import verify_mixed
+    assert cli.main(["traffic", "--preset", "kimi-linear"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("verify t=8, fills 0..L-1, with fold"))
+    p = PRESETS["kimi-linear"]
+    v = verify_mixed(lower(variants.get(p.variant), p.shape, ReplayConfig(window=16, max_drafts=8)), 8)
+    numbers = [float(x) for x in line.split("fold", 1)[1].split()]
+    assert numbers[:5] == [round(x) for x in (v.state_read, v.state_write, v.record_read, v.record_write, v.total)]
+    assert numbers[-2:] == [round(v.token_read), round(v.output_write)]
+    assert v.token_read > 0 and v.output_write == 8 * p.shape.v_dim * 4
