@@ -162,6 +162,39 @@ def _records_before(place: str, label: str):
     return in_kernel("verify", edit)
 
 
+CUMULATE_LOOP = re.compile(
+    r"    for \(int e = tid; e < K; e \+= THREADS\) \{\n"
+    r"        float acc = n \? sh_G\[n - 1\] : 0\.f;\n"
+    r"        for \(int j = 0; j < t; \+\+j\) \{\n"
+    r"            acc \+= sh_g\[j\];\n"
+    r"            if \(e == 0\) sh_G\[n \+ j\] = acc;\n"
+    r"            const float dec = expf\(acc\);\n"
+    r"            const int y = fragment_slot\(j, e\);\n"
+    r"(?P<stores>(?:            .*\n)+?)        \}\n"
+    r"        for \(int j = t; j < 8; \+\+j\) \{  // the columns past the drafts\n"
+    r"            const int y = fragment_slot\(j, e\);\n"
+    r"(?P<zeros>(?:            .*\n)+?)        \}\n    \}\n")
+
+
+def _cumulate_every_thread(text: str) -> str:
+    """A correct kernel (scalar decays): the cumulate's (draft column, element) pairs spread over all of
+    the CTA's threads, one pair a trip, where only K of them ran, each over the t drafts in turn; each
+    pair sums its draft's decays from the last record's in the same order as before (the same bits)."""
+    m = CUMULATE_LOOP.search(text)
+    if m is None:
+        raise NotApplicable("cumulate over every thread")
+    loop = ("    for (int x = tid; x < 8 * K; x += THREADS) {  // one (draft column, element) pair a trip\n"
+            "        const int j = x / K, e = x % K, y = fragment_slot(j, e);\n"
+            "        if (j < t) {\n"
+            "            float acc = n ? sh_G[n - 1] : 0.f;\n"
+            "            for (int i = 0; i <= j; ++i) acc += sh_g[i];  // the same sums, in the same order\n"
+            "            if (e == 0) sh_G[n + j] = acc;\n"
+            "            const float dec = expf(acc);\n"
+            + m.group("stores") + "        } else {\n" + m.group("zeros") + "        }\n    }\n")
+    return text[:m.start()] + loop + text[m.end():]
+
+
+CUMULATE_EVERY_THREAD = in_kernel("verify", _cumulate_every_thread)
 RECORDS_BEFORE_ROWS = _records_before(ROWS_START, "fill and records before the rows")
 RECORDS_FIRST = _records_before(PAGE_START, "fill and records first")
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
@@ -178,13 +211,15 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "queries split once": [QUERIES_SPLIT_ONCE],
             # correct kernels, measured at b69cb6d / ea41175 and not adopted (0.992-1.000; 1.004-1.028)
             "second drafts before the rows": [SECOND_DRAFTS],
-            "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST]}
+            "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST],
+            # a correct kernel, timed at 1d9e0bd's stop (scalar decays only)
+            "cumulate over every thread": [CUMULATE_EVERY_THREAD]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
 # measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
 # vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments
-FAMILY_SPECIFIC = ("scores of used keys only", "queries split once")
+FAMILY_SPECIFIC = ("scores of used keys only", "queries split once", "cumulate over every thread")
 # (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
 # own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
 
