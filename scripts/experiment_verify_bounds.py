@@ -195,6 +195,22 @@ def _cumulate_every_thread(text: str) -> str:
 
 
 CUMULATE_EVERY_THREAD = in_kernel("verify", _cumulate_every_thread)
+PREFIX_FROM_SHARED = "            for (int i = 0; i <= j; ++i) acc += sh_g[i];  // the same sums, in the same order\n"
+PREFIX_FROM_REGISTERS = ("            #pragma unroll\n"
+                         "            for (int i = 0; i < 8; ++i) acc += i <= j ? gd[i] : 0.f;  // the same sums (+ 0 past j)\n")
+
+
+def _cumulate_every_thread_registers(text: str) -> str:
+    """The same, each thread's draft decays read into registers once before its pairs (8 independent
+    shared loads), so a pair's sum is no chain of dependent shared loads."""
+    text = _cumulate_every_thread(text)
+    head = "    for (int x = tid; x < 8 * K; x += THREADS) {  // one (draft column, element) pair a trip\n"
+    loads = ("    float gd[8];  // the drafts' decays, 0 past t\n    #pragma unroll\n"
+             "    for (int i = 0; i < 8; ++i) gd[i] = i < t ? sh_g[i] : 0.f;\n")
+    return text.replace(head, loads + head, 1).replace(PREFIX_FROM_SHARED, PREFIX_FROM_REGISTERS, 1)
+
+
+CUMULATE_EVERY_THREAD_REGISTERS = in_kernel("verify", _cumulate_every_thread_registers)
 RECORDS_BEFORE_ROWS = _records_before(ROWS_START, "fill and records before the rows")
 RECORDS_FIRST = _records_before(PAGE_START, "fill and records first")
 VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not staged (bound)": [NO_RECORDS],
@@ -213,13 +229,15 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "second drafts before the rows": [SECOND_DRAFTS],
             "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST],
             # a correct kernel, timed at 1d9e0bd's stop (scalar decays only)
-            "cumulate over every thread": [CUMULATE_EVERY_THREAD]}
+            "cumulate over every thread": [CUMULATE_EVERY_THREAD],
+            "cumulate over every thread, decays in registers": [CUMULATE_EVERY_THREAD_REGISTERS]}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
 # measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
 # vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments
-FAMILY_SPECIFIC = ("scores of used keys only", "queries split once", "cumulate over every thread")
+FAMILY_SPECIFIC = ("scores of used keys only", "queries split once", "cumulate over every thread",
+                   "cumulate over every thread, decays in registers")
 # (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
 # own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
 
