@@ -81,12 +81,13 @@ def cmd_traffic(args) -> int:
             ("snapshot_verify", 0, T)]
     for kernel, fill, t in rows:
         line(f"{kernel} (n={fill}{', t=' + str(t) if t > 1 else ''})", kernel_traffic(program, kernel, fill, t))
-    line("replay_step amortised over L", replay_step_amortized(program))
+    amortised = replay_step_amortized(program)
+    line("replay_step amortised over L", amortised)
     line(f"verify t={T}, fills 0..L-1, with fold", verify_mixed(program, T))
     print("bytes per batch row and value head; tok R / out W (the token inputs read, the outputs written) are not in\n"
           "total/head (docs/design.md's model) but count in verify's floor, where at t = T_max they are a tenth or more")
     conv = kernel_traffic(program, "conventional_step", 0).total
-    amort = replay_step_amortized(program).total
+    amort = amortised.total
     print(f"conventional / replay (amortised): {conv / amort:.2f}x less state traffic")
     ok = abs(conv - formulas["conventional"]) < 1e-6 and abs(amort - formulas["replay_amortized"]) < 1e-6
     print(f"traffic formulas (docs/design.md): conventional 2·E·s = {formulas['conventional']:.0f}, replay amortised "
