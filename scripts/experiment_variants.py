@@ -171,13 +171,15 @@ VARIANTS["fused cumulate"] = [replay_step_edits(FUSED_CUMULATE_EDITS)]
 # row's CTA then sets the next fill, racing the others' reads); the records not staged (the buffer's
 # bytes, the load that waits on the fill); the head-level phases (the cumulate, the scores, the
 # records' appends and their two barriers) left out, the rows run straight after the first barrier.
-ARRIVAL = "sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
+ARRIVE = ("    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
+          "  // read the fill and count this CTA: one atomic\n")
+BARRIER = "    __syncthreads();\n"
 LAST_ARRIVAL = "if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word("
 PLAIN_FILL = [replay_step_edits([
-    (ARRIVAL, "sh_fill_word = __ldcg(reinterpret_cast<const unsigned int*>(fill) + slot) & FILL_MASK;"),
+    (ARRIVE, "    if (tid == 0) sh_fill_word = __ldcg(reinterpret_cast<const unsigned int*>(fill) + slot) & FILL_MASK;\n"),
     (LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(")])]
 NO_RECORDS = [replay_step_edits([("    if (!EAGER_RECORDS) {\n", "    if (false) {\n")])]
-ROWS_START = "    __syncthreads();\n    float wv[RPW];\n"
+ROWS_START = BARRIER + "    float wv[RPW];\n"
 
 
 def _without_head_phases(text: str) -> str:
@@ -185,7 +187,7 @@ def _without_head_phases(text: str) -> str:
     start = text.rfind(FIRST_BARRIER, 0, end)
     if start < 0 or end < 0:
         raise SystemExit("variant edit does not apply: no head-level phases")
-    return text[:start + len(FIRST_BARRIER)] + text[end + len("    __syncthreads();\n"):]
+    return text[:start + len(FIRST_BARRIER)] + text[end + len(BARRIER):]
 
 
 NO_HEAD_PHASES = [in_kernel("replay_step", _without_head_phases)]
@@ -194,12 +196,9 @@ FILL_CHECK = re.compile(r"    __syncthreads\(\);  // thread 0's arrival holds th
                         r"    if \(n < 0 \|\| n > CAPACITY \|\| \(sh_fill_word >> FILL_BITS\) > \(gridDim.x \* gridDim.y - 1\)\) \{\n"
                         r"        if \(tid == 0\) leave_fill\(reinterpret_cast<unsigned int\*>\(fill\) \+ slot\);\n"
                         r"(?P<stop>        .*\n)        return;\n    \}\n")
-ARRIVE = ("    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
-          "  // read the fill and count this CTA: one atomic\n")
 RELAXED_FILL_LOAD = ("    unsigned int fill_seen;  // every thread: the word before this CTA's arrival\n"
                      "    asm volatile(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n")
 APPENDS = "    if (!flush) {\n        if (blockIdx.x == 0) {\n"
-BARRIER = "    __syncthreads();\n"
 
 
 def _arrival_after_first_barrier(text: str) -> str:
@@ -223,8 +222,8 @@ def _arrival_after_first_barrier(text: str) -> str:
             + text[at:appends] + leave + text[appends:rows] + text[rows + len(BARRIER):])
     text = text.replace(ARRIVE, RELAXED_FILL_LOAD, 1)
     stop = check.group("stop").strip()
-    return FILL_CHECK.sub("    int n = (int)(fill_seen & FILL_MASK);\n"
-                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n".replace("\\", "\\\\"), text, count=1)
+    return FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
+                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
 
 
 VARIANTS["fill loaded, arrival after the first barrier"] = [in_kernel("replay_step", _arrival_after_first_barrier)]
