@@ -49,7 +49,8 @@ def median_of_rotations(times, rotation: int = 1) -> float:
     return float(np.median(times[:whole].reshape(-1, rotation).mean(axis=1)))
 
 
-SPIN_NS = 40_000  # longer than the host takes to enqueue an event, a launch (graph, eager or torch) and an event
+SPIN_NS = 100_000  # longer than the host takes to enqueue an event, a launch (graph, eager or torch) and an event
+# (the device machine's host took up to 55 us for an eager CuPy copy and its events, so 40 us was not enough)
 
 _SPIN_SOURCE = r'''
 extern "C" __global__ void spin(unsigned long long ns) {  // one thread: busy until ns have passed
@@ -186,11 +187,16 @@ extern "C" __global__ void read_floor(const float4* __restrict__ x, long n4, flo
     return copy_ms, read_ms
 
 
+FLA_LAYOUTS = {"[K, V]": False, "[V, K]": True}  # FLA's state layouts: its default, and ``state_v_first`` (ours)
+
+
 def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C901 - one measurement
               token_dtype: str = "float32"):
-    """FLA's conventional fused_recurrent kernel for one decode token, ms (None when fla is absent);
-    with bf16 tokens its q, k and v are bf16 too (the gate and beta stay float32, as FLA computes
-    them; the state is float32 either way)."""
+    """FLA's conventional fused_recurrent kernel for one decode token, ms, and how it ran (None and the
+    reason when fla is absent). Timed with the state in each of FLA's layouts (``FLA_LAYOUTS``: its
+    default ``[B, HV, K, V]`` and, with ``state_v_first``, ``[B, HV, V, K]``, ours); the faster is
+    reported, so the baseline gets its best layout. With bf16 tokens its q, k and v are bf16 too (the
+    gate and beta stay float32, as FLA computes them; the state is float32 either way)."""
     try:
         import torch
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -204,7 +210,7 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C9
     def rnd(*s):
         return torch.randn(*s, device=dev, generator=g) * 0.1
 
-    state = rnd(batch, HV, K, V)
+    states = {layout: rnd(batch, HV, V, K) if v_first else rnd(batch, HV, K, V) for layout, v_first in FLA_LAYOUTS.items()}
     inputs = []
     for _ in range(sets):
         q, k, v = rnd(batch, 1, HV, K), rnd(batch, 1, HV, K), rnd(batch, 1, HV, V)
@@ -215,41 +221,51 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C9
         beta = torch.rand(batch, 1, HV, device=dev, generator=g)
         inputs.append((q, k, v, gate, beta))
 
-    def call(i):
+    def call(i, layout):
         q, k, v, gate, beta = inputs[i % sets]
+        state = states[layout]
+        v_first = {"state_v_first": True} if FLA_LAYOUTS[layout] else {}  # (default layout: no new keyword)
         if variant == "gdn":
             return fused_recurrent_gated_delta_rule(q, k, v, g=gate, beta=beta, initial_state=state,
-                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True, **v_first)
         if variant == "kda":
             return fused_recurrent_kda(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True)
-        return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True)
+                                       use_qk_l2norm_in_kernel=True, **v_first)
+        return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True, **v_first)
 
-    try:
-        call(0)
-    except Exception as exc:
-        return None, f"fla call failed: {type(exc).__name__}: {exc}"[:200]
-    try:
-        stream = torch.cuda.Stream()
-        graphs = []
-        with torch.cuda.stream(stream):
-            for i in range(sets):
-                call(i)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream):
-                    call(i)
-                graphs.append(graph)
-        torch.cuda.synchronize()
-
-        def launch(i):
-            graphs[i % sets].replay()
-        mode = "graph"
-    except Exception as exc:  # some versions do not capture; fall back to eager launches
-        launch, mode = call, f"eager ({type(exc).__name__})"
     import cupy as cp
-    with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # the stream torch launches on
-        return _median_ms(cp, launch, reps), mode
+    timed, failures = {}, []
+    for layout in FLA_LAYOUTS:
+        try:
+            call(0, layout)
+        except Exception as exc:
+            failures.append(f"{layout}: {type(exc).__name__}: {exc}"[:200])
+            continue
+        try:
+            stream = torch.cuda.Stream()
+            graphs = []
+            with torch.cuda.stream(stream):
+                for i in range(sets):
+                    call(i, layout)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=stream):
+                        call(i, layout)
+                    graphs.append(graph)
+            torch.cuda.synchronize()
+
+            def launch(i, graphs=graphs):
+                graphs[i % sets].replay()
+            mode = "graph"
+        except Exception as exc:  # some versions do not capture; fall back to eager launches
+            launch, mode = (lambda i, layout=layout: call(i, layout)), f"eager ({type(exc).__name__})"
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # the stream torch launches on
+            timed[layout] = (_median_ms(cp, launch, reps), mode)
+    if not timed:
+        return None, "fla call failed: " + "; ".join(failures)
+    best = min(timed, key=lambda layout: timed[layout][0])
+    others = ", ".join(f"{layout} {ms:.4f} ms" for layout, (ms, _) in timed.items() if layout != best)
+    return timed[best][0], f"{timed[best][1]}, state {best}" + (f" (faster than {others})" if others else "")
 
 
 KERNELS = ("replay", "flush", "conventional", "verify", "speculative", "snapshot", "fla", "floors")
