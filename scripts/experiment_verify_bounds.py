@@ -30,7 +30,9 @@ and the read floor, with verify's state bytes (one state-sized read) for scale. 
 correct kernels: they only say where the time goes.
 
 Usage: ``python scripts/experiment_verify_bounds.py --presets qwen3.5-4b,nemotron-nano-4b,kimi-linear``
-(launch shapes: ``--launch PRESET=WARPS,ROWS[,REGS]``, default the ones tuned in the latest headline).
+(launch shapes: ``--launch PRESET=WARPS,ROWS[,REGS]``, default the ones tuned in the latest headline;
+``--tensor-cores-under-cap`` renders verify's rows on tensor cores under a register cap too, where the
+generator's rule, ``tensor_core_verify``, takes the SIMT rows).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import argparse
 import re
 
 from experiment_variants import NotApplicable, in_kernel, patched_renderer, scratch_cache  # this folder's script
+from replayssm_dsl.lowering import render_replay
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.render_verify_mma import verify_fits_tensor_cores
 from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
                                              verify_and_commit, verify_inputs)
@@ -278,7 +282,11 @@ def main() -> None:
     parser.add_argument("--drafts", type=int, default=8)
     parser.add_argument("--variant", action="append", default=[], help="a label to time (repeatable; default: all)")
     parser.add_argument("--launch", action="append", default=[], help="PRESET=WARPS,ROWS[,REGS] (repeatable)")
+    parser.add_argument("--tensor-cores-under-cap", action="store_true",
+                        help="verify's rows on tensor cores at any register cap (the generator: only uncapped)")
     args = parser.parse_args()
+    if args.tensor_cores_under_cap:
+        render_replay.tensor_core_verify = lambda program, launch: verify_fits_tensor_cores(program.shape, program.config)
     unknown = [label for label in args.variant if label not in VARIANTS]
     if unknown:
         parser.error(f"--variant: unknown {unknown}; known: {list(VARIANTS)}")
