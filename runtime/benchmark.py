@@ -263,6 +263,12 @@ def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C9
             timed[layout] = (_median_ms(cp, launch, reps), mode)
     if not timed:
         return None, "fla call failed: " + "; ".join(failures)
+    return fastest_layout(timed)
+
+
+def fastest_layout(timed: dict) -> tuple[float, str]:
+    """``timed``: layout -> (ms, how it ran). The fastest layout's ms, and a mode naming how it ran,
+    its layout and the others' times."""
     best = min(timed, key=lambda layout: timed[layout][0])
     others = ", ".join(f"{layout} {ms:.4f} ms" for layout, (ms, _) in timed.items() if layout != best)
     return timed[best][0], f"{timed[best][1]}, state {best}" + (f" (faster than {others})" if others else "")

@@ -237,3 +237,25 @@ def test_traffic_command_lists_tokens_outputs_and_verify_over_the_mixed_fills(ca
     assert numbers[:5] == [round(x) for x in (v.state_read, v.state_write, v.record_read, v.record_write, v.total)]
     assert numbers[-2:] == [round(v.token_read), round(v.output_write)]
     assert v.token_read > 0 and v.output_write == 8 * p.shape.v_dim * 4
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fla_is_reported_in_its_faster_layout(seed):
+    """FLA is timed with its state in each of its layouts; the faster one is the baseline, and the
+    mode names it and the other's time (fresh random times, either order)."""
+    from replayssm_dsl.runtime.benchmark import FLA_LAYOUTS, fastest_layout
+    rng = np.random.default_rng(seed)
+    times = rng.uniform(0.1, 1.0, len(FLA_LAYOUTS))
+    timed = {layout: (float(ms), "graph") for layout, ms in zip(FLA_LAYOUTS, times)}
+    ms, mode = fastest_layout(timed)
+    best = min(timed, key=lambda layout: timed[layout][0])
+    assert ms == min(times)
+    assert mode.startswith(f"graph, state {best} (faster than ")
+    for layout, (other, _) in timed.items():
+        if layout != best:
+            assert f"{layout} {other:.4f} ms" in mode
+
+
+def test_fla_with_one_layout_names_no_other():
+    from replayssm_dsl.runtime.benchmark import fastest_layout
+    assert fastest_layout({"[K, V]": (0.25, "eager (RuntimeError)")}) == (0.25, "eager (RuntimeError), state [K, V]")
