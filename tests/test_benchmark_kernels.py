@@ -218,7 +218,9 @@ def test_table_shows_verify_against_its_floor():
     line = next(x for x in markdown([row]).splitlines() if x.startswith("| 256 "))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert float(cells[COLUMNS.index(("vfloor", "verify_floor", "{:.3f}"))]) == pytest.approx(row["verify_floor"], abs=6e-4)
-    assert float(cells[-1]) == pytest.approx(row["verify_T8"] / row["verify_floor"], abs=6e-3)
+    from replayssm_dsl.runtime.benchmark import RATIOS
+    column = len(COLUMNS) + [name for name, _, _ in RATIOS].index("ver8/vfloor")
+    assert float(cells[column]) == pytest.approx(row["verify_T8"] / row["verify_floor"], abs=6e-3)
 
 
 def test_traffic_command_lists_tokens_outputs_and_verify_over_the_mixed_fills(capsys):
@@ -259,3 +261,20 @@ def test_fla_is_reported_in_its_faster_layout(seed):
 def test_fla_with_one_layout_names_no_other():
     from replayssm_dsl.runtime.benchmark import fastest_layout
     assert fastest_layout({"[K, V]": (0.25, "eager (RuntimeError)")}) == (0.25, "eager (RuntimeError), state [K, V]")
+
+
+def test_table_gives_every_ratio_of_the_kernels_timed():
+    """Each ratio column is its two measurements' quotient (fresh random times), FLA's ceiling
+    ``fla/rfloor`` among them."""
+    from replayssm_dsl.runtime.benchmark import RATIOS
+    rng = np.random.default_rng()
+    keys = {k for _, a, b in RATIOS for k in (a, b)}
+    row = {"preset": "kimi-linear", "variant": "kda", "B": 256, "launch": "8x16"} | {k: float(rng.uniform(0.1, 1)) for k in keys}
+    table = markdown([row]).splitlines()
+    header = next(x for x in table if x.startswith("| B "))
+    line = next(x for x in table if x.startswith("| 256 "))
+    names = [c.strip() for c in header.strip("|").split("|")][len(COLUMNS):]
+    ratios = [float(c) for c in line.strip("|").split("|")[len(COLUMNS):]]
+    assert names == [name for name, _, _ in RATIOS] and "fla/rfloor" in names
+    for (_, a, b), value in zip(RATIOS, ratios):
+        assert value == pytest.approx(row[a] / row[b], abs=6e-3)
