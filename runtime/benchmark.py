@@ -187,93 +187,6 @@ extern "C" __global__ void read_floor(const float4* __restrict__ x, long n4, flo
     return copy_ms, read_ms
 
 
-FLA_LAYOUTS = {"[K, V]": False, "[V, K]": True}  # FLA's state layouts: its default, and ``state_v_first`` (ours)
-
-
-def _fla_step(variant: str, shape, batch: int, sets: int, reps: int,  # noqa: C901 - one measurement
-              token_dtype: str = "float32"):
-    """FLA's conventional fused_recurrent kernel for one decode token, ms, and how it ran (None and the
-    reason when fla is absent). Timed with the state in each of FLA's layouts (``FLA_LAYOUTS``: its
-    default ``[B, HV, K, V]`` and, with ``state_v_first``, ``[B, HV, V, K]``, ours); the faster is
-    reported, so the baseline gets its best layout. With bf16 tokens its q, k and v are bf16 too (the
-    gate and beta stay float32, as FLA computes them; the state is float32 either way)."""
-    try:
-        import torch
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-        from fla.ops.kda import fused_recurrent_kda
-        from fla.ops.simple_gla import fused_recurrent_simple_gla
-    except Exception:
-        return None, "fla not importable"
-    dev, HV, V, K = "cuda", shape.heads, shape.v_dim, shape.k_dim
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    def rnd(*s):
-        return torch.randn(*s, device=dev, generator=g) * 0.1
-
-    states = {layout: rnd(batch, HV, V, K) if v_first else rnd(batch, HV, K, V) for layout, v_first in FLA_LAYOUTS.items()}
-    inputs = []
-    for _ in range(sets):
-        q, k, v = rnd(batch, 1, HV, K), rnd(batch, 1, HV, K), rnd(batch, 1, HV, V)
-        if token_dtype == "bfloat16":
-            q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-        gate_shape = (batch, 1, HV, K) if variant == "kda" else (batch, 1, HV)
-        gate = -torch.rand(*gate_shape, device=dev, generator=g)
-        beta = torch.rand(batch, 1, HV, device=dev, generator=g)
-        inputs.append((q, k, v, gate, beta))
-
-    def call(i, layout):
-        q, k, v, gate, beta = inputs[i % sets]
-        state = states[layout]
-        v_first = {"state_v_first": True} if FLA_LAYOUTS[layout] else {}  # (default layout: no new keyword)
-        if variant == "gdn":
-            return fused_recurrent_gated_delta_rule(q, k, v, g=gate, beta=beta, initial_state=state,
-                                                    output_final_state=True, use_qk_l2norm_in_kernel=True, **v_first)
-        if variant == "kda":
-            return fused_recurrent_kda(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True, **v_first)
-        return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True, **v_first)
-
-    import cupy as cp
-    timed, failures = {}, []
-    for layout in FLA_LAYOUTS:
-        try:
-            call(0, layout)
-        except Exception as exc:
-            failures.append(f"{layout}: {type(exc).__name__}: {exc}"[:200])
-            continue
-        try:
-            stream = torch.cuda.Stream()
-            graphs = []
-            with torch.cuda.stream(stream):
-                for i in range(sets):
-                    call(i, layout)
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, stream=stream):
-                        call(i, layout)
-                    graphs.append(graph)
-            torch.cuda.synchronize()
-
-            def launch(i, graphs=graphs):
-                graphs[i % sets].replay()
-            mode = "graph"
-        except Exception as exc:  # some versions do not capture; fall back to eager launches
-            launch, mode = (lambda i, layout=layout: call(i, layout)), f"eager ({type(exc).__name__})"
-        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # the stream torch launches on
-            timed[layout] = (_median_ms(cp, launch, reps), mode)
-    if not timed:
-        return None, "fla call failed: " + "; ".join(failures)
-    return fastest_layout(timed)
-
-
-def fastest_layout(timed: dict) -> tuple[float, str]:
-    """``timed``: layout -> (ms, how it ran). The fastest layout's ms, and a mode naming how it ran,
-    its layout and the others' times."""
-    best = min(timed, key=lambda layout: timed[layout][0])
-    others = ", ".join(f"{layout} {ms:.4f} ms" for layout, (ms, _) in timed.items() if layout != best)
-    return timed[best][0], f"{timed[best][1]}, state {best}" + (f" (faster than {others})" if others else "")
-
-
 KERNELS = ("replay", "flush", "conventional", "verify", "speculative", "snapshot", "fla", "floors")
 """What ``--kernels`` can choose; the default times all of them."""
 # the tuning groups each needs; verify's commit is a fill kernel (a thread per row, no tile shape),
@@ -384,7 +297,8 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
         res["verify_floor"] = floor_ms(verify_mixed(program, 8), heads, *rates, with_io=True)
         res["traffic_ratio"] = kernel_traffic(program, "conventional_step", 0).total / amort.total
     if "fla" in kernels:
-        res["fla_step"], res["fla_mode"] = _fla_step(p.variant, shape, batch, INPUT_SETS, reps, token_dtype)
+        from .bench_fla import fla_step  # (torch and fla, where they import, only when FLA is timed)
+        res["fla_step"], res["fla_mode"] = fla_step(p.variant, shape, batch, INPUT_SETS, reps, token_dtype)
     res["state_MB"] = state_bytes / 1e6
     del cache
     cp.get_default_memory_pool().free_all_blocks()

@@ -245,7 +245,7 @@ def test_traffic_command_lists_tokens_outputs_and_verify_over_the_mixed_fills(ca
 def test_fla_is_reported_in_its_faster_layout(seed):
     """FLA is timed with its state in each of its layouts; the faster one is the baseline, and the
     mode names it and the other's time (fresh random times, either order)."""
-    from replayssm_dsl.runtime.benchmark import FLA_LAYOUTS, fastest_layout
+    from replayssm_dsl.runtime.bench_fla import FLA_LAYOUTS, fastest_layout
     rng = np.random.default_rng(seed)
     times = rng.uniform(0.1, 1.0, len(FLA_LAYOUTS))
     timed = {layout: (float(ms), "graph") for layout, ms in zip(FLA_LAYOUTS, times)}
@@ -259,7 +259,7 @@ def test_fla_is_reported_in_its_faster_layout(seed):
 
 
 def test_fla_with_one_layout_names_no_other():
-    from replayssm_dsl.runtime.benchmark import fastest_layout
+    from replayssm_dsl.runtime.bench_fla import fastest_layout
     assert fastest_layout({"[K, V]": (0.25, "eager (RuntimeError)")}) == (0.25, "eager (RuntimeError), state [K, V]")
 
 

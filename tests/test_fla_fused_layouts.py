@@ -3,7 +3,7 @@ a GPU, torch and fla).
 
 ``replayssm bench`` times FLA's ``fused_recurrent_*`` with the state in FLA's default layout
 ``[B, HV, K, V]`` and, with ``state_v_first=True``, in ours, ``[B, HV, V, K]``, and reports the faster
-(``runtime/benchmark.py``, ``FLA_LAYOUTS``). A faster time only counts if the kernel computes the same
+(``runtime/bench_fla.py``, ``FLA_LAYOUTS``). A faster time only counts if the kernel computes the same
 step: here each layout's fused kernel runs a few decode steps of fresh random inputs and is compared
 with FLA's own naive recurrence on the same inputs (``tests/test_fla_reference.py`` checks the naive
 recurrences against our float64 oracle), outputs and final state, within float32 tolerance.
