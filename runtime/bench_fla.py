@@ -1,11 +1,15 @@
 """Runtime layer: flash-linear-attention's conventional step, the benchmark's outside baseline (needs a
 GPU, CuPy, and torch with fla; without them it says why and times nothing).
 
-``fla_step`` times FLA's ``fused_recurrent_*`` (``gated_delta_rule``, ``kda``, ``simple_gla`` for the
-Mamba-2 shapes) for one decode token on the benchmark's shapes, captured in a torch CUDA graph and
-timed the way ``runtime/benchmark.py`` times its own kernels (``_median_ms``: behind the busy kernel,
-round-robin over input sets, median). FLA takes the state in two layouts (``FLA_LAYOUTS``); both are
-timed and the faster is the baseline, so it is compared at its best.
+``fla_step`` times FLA's decode step for one token on the benchmark's shapes, captured in a torch CUDA
+graph and timed the way ``runtime/benchmark.py`` times its own kernels (``_median_ms``: behind the busy
+kernel, round-robin over input sets, median). FLA's step runs several ways (``fla_ways``): its public
+``fused_recurrent_*`` (``gated_delta_rule``, ``kda``, ``simple_gla`` for the Mamba-2 shapes) with the
+state in either of its two layouts (``FLA_LAYOUTS``), and for KDA also its in-place decode entry
+(``fused_recurrent_kda_fwd`` with ``inplace_final_state``, a state pool indexed per row and a given
+output, the path an engine's decode takes). Every way is timed and the fastest is the baseline, so FLA
+is compared at its best. ``fla_call`` is the one call each way makes; ``tests/test_fla_fused_layouts.py``
+checks it against FLA's naive recurrences.
 """
 
 from __future__ import annotations
@@ -13,18 +17,50 @@ from __future__ import annotations
 from .benchmark import _median_ms
 
 FLA_LAYOUTS = {"[K, V]": False, "[V, K]": True}  # FLA's state layouts: its default, and ``state_v_first`` (ours)
+IN_PLACE = " in place"  # suffix of a way that calls FLA's in-place decode entry (KDA)
+
+
+def fla_ways(variant: str) -> dict[str, tuple[bool, bool]]:
+    """The ways FLA's step runs for ``variant``: name -> (state V-major, in place). Every layout through
+    the public function; for KDA every layout through the in-place decode entry too (fla-core 0.6.0 has
+    none for the gated delta rule or simple GLA)."""
+    ways = {layout: (v_first, False) for layout, v_first in FLA_LAYOUTS.items()}
+    if variant == "kda":
+        ways.update({layout + IN_PLACE: (v_first, True) for layout, v_first in FLA_LAYOUTS.items()})
+    return ways
+
+
+def fla_call(variant: str, way: str, q, k, v, gate, beta, state, out=None, indices=None):
+    """FLA's step for ``q, k, v [B, T, H(V), K or V]`` (gate ``[B, T, HV]``, KDA ``[B, T, HV, K]``; beta
+    ``[B, T, HV]``) from ``state`` in the layout ``way`` names (``[B, HV, K, V]`` or ``[B, HV, V, K]``):
+    ``(output, final state)``. The in-place way updates ``state[indices]`` itself (``indices [B]`` int32
+    rows of the pool; one token per call, as FLA's continuous batching reads one state per row; contiguous
+    tensors, which that entry does not copy) and writes ``out``; the final state it returns is the pool."""
+    v_first, in_place = fla_ways(variant)[way]
+    layout = {"state_v_first": True} if v_first else {}  # (default layout: no new keyword)
+    if in_place:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+        return fused_recurrent_kda_fwd(q=q, k=k, v=v, g=gate, beta=beta, initial_state=state, inplace_final_state=True,
+                                       ssm_state_indices=indices, use_qk_l2norm_in_kernel=True, out=out, **layout)
+    if variant == "gdn":
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule(q, k, v, g=gate, beta=beta, initial_state=state,
+                                                output_final_state=True, use_qk_l2norm_in_kernel=True, **layout)
+    if variant == "kda":
+        from fla.ops.kda import fused_recurrent_kda
+        return fused_recurrent_kda(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, **layout)
+    from fla.ops.simple_gla import fused_recurrent_simple_gla
+    return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True, **layout)
 
 
 def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype: str = "float32"):
-    """FLA's step, ms, and how it ran (None and the reason when fla is absent or refuses every
-    layout). State ``[B, HV, K, V]`` by default, ``[B, HV, V, K]`` with ``state_v_first``. With bf16
-    tokens its q, k and v are bf16 too (the gate and beta stay float32, as FLA computes them; the
-    state is float32 either way)."""
+    """FLA's step, ms, and how it ran (None and the reason when fla is absent or refuses every way).
+    With bf16 tokens its q, k and v are bf16 too (the gate and beta stay float32, as FLA computes them;
+    the state is float32 either way)."""
     try:
         import torch
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-        from fla.ops.kda import fused_recurrent_kda
-        from fla.ops.simple_gla import fused_recurrent_simple_gla
+        import fla.ops.gated_delta_rule, fla.ops.kda, fla.ops.simple_gla  # noqa: E401,F401 (that fla imports whole)
     except Exception:
         return None, "fla not importable"
     dev, HV, V, K = "cuda", shape.heads, shape.v_dim, shape.k_dim
@@ -34,6 +70,7 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
         return torch.randn(*s, device=dev, generator=g) * 0.1
 
     states = {layout: rnd(batch, HV, V, K) if v_first else rnd(batch, HV, K, V) for layout, v_first in FLA_LAYOUTS.items()}
+    indices = torch.arange(batch, device=dev, dtype=torch.int32)
     inputs = []
     for _ in range(sets):
         q, k, v = rnd(batch, 1, HV, K), rnd(batch, 1, HV, K), rnd(batch, 1, HV, V)
@@ -42,31 +79,24 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
         gate_shape = (batch, 1, HV, K) if variant == "kda" else (batch, 1, HV)
         gate = -torch.rand(*gate_shape, device=dev, generator=g)
         beta = torch.rand(batch, 1, HV, device=dev, generator=g)
-        inputs.append((q, k, v, gate, beta))
+        inputs.append((q, k, v, gate, beta, torch.empty_like(v)))
 
-    def call(i, layout):
-        q, k, v, gate, beta = inputs[i % sets]
-        state = states[layout]
-        v_first = {"state_v_first": True} if FLA_LAYOUTS[layout] else {}  # (default layout: no new keyword)
-        if variant == "gdn":
-            return fused_recurrent_gated_delta_rule(q, k, v, g=gate, beta=beta, initial_state=state,
-                                                    output_final_state=True, use_qk_l2norm_in_kernel=True, **v_first)
-        if variant == "kda":
-            return fused_recurrent_kda(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True, **v_first)
-        return fused_recurrent_simple_gla(q, k, v, g=gate, initial_state=state, output_final_state=True, **v_first)
+    def call(i, way):
+        q, k, v, gate, beta, out = inputs[i % sets]
+        state = states[way.removesuffix(IN_PLACE)]
+        return fla_call(variant, way, q, k, v, gate, beta, state, out=out, indices=indices)
 
     import cupy as cp
     timed, failures = {}, []
-    for layout in FLA_LAYOUTS:
+    for way in fla_ways(variant):
         try:
-            call(0, layout)
+            call(0, way)
         except Exception as exc:
-            failures.append(f"{layout}: {type(exc).__name__}: {exc}"[:200])
+            failures.append(f"{way}: {type(exc).__name__}: {exc}"[:200])
             continue
-        launch, mode = _torch_graphs(torch, lambda i, layout=layout: call(i, layout), sets)
+        launch, mode = _torch_graphs(torch, lambda i, way=way: call(i, way), sets)
         with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # the stream torch launches on
-            timed[layout] = (_median_ms(cp, launch, reps), mode)
+            timed[way] = (_median_ms(cp, launch, reps), mode)
     if not timed:
         return None, "fla call failed: " + "; ".join(failures)
     return fastest_layout(timed)
@@ -93,8 +123,8 @@ def _torch_graphs(torch, call, sets: int):
 
 
 def fastest_layout(timed: dict) -> tuple[float, str]:
-    """``timed``: layout -> (ms, how it ran). The fastest layout's ms, and a mode naming how it ran,
-    its layout and the others' times."""
-    best = min(timed, key=lambda layout: timed[layout][0])
-    others = ", ".join(f"{layout} {ms:.4f} ms" for layout, (ms, _) in timed.items() if layout != best)
+    """``timed``: way (a layout, or a layout in place) -> (ms, how it ran). The fastest way's ms, and a
+    mode naming how it ran, its way and the others' times."""
+    best = min(timed, key=lambda way: timed[way][0])
+    others = ", ".join(f"{way} {ms:.4f} ms" for way, (ms, _) in timed.items() if way != best)
     return timed[best][0], f"{timed[best][1]}, state {best}" + (f" (faster than {others})" if others else "")

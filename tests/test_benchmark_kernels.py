@@ -278,3 +278,12 @@ def test_table_gives_every_ratio_of_the_kernels_timed():
     assert names == [name for name, _, _ in RATIOS] and "fla/rfloor" in names
     for (_, a, b), value in zip(RATIOS, ratios):
         assert value == pytest.approx(row[a] / row[b], abs=6e-3)
+
+
+def test_the_in_place_way_is_timed_for_kda_only():
+    """fla-core 0.6.0 has an in-place decode entry for KDA alone; every variant runs in both layouts."""
+    from replayssm_dsl.runtime.bench_fla import FLA_LAYOUTS, fla_ways
+    for variant in ("gdn", "kda", "mamba2"):
+        ways = fla_ways(variant)
+        assert {w for w in ways if not ways[w][1]} == set(FLA_LAYOUTS)
+        assert any(in_place for _, in_place in ways.values()) == (variant == "kda")

@@ -1,14 +1,17 @@
-"""The FLA baseline the benchmark times is a correct kernel in both state layouts (device machine; needs
-a GPU, torch and fla).
+"""The FLA baseline the benchmark times is a correct kernel every way it runs (device machine; needs a
+GPU, torch and fla).
 
-``replayssm bench`` times FLA's ``fused_recurrent_*`` with the state in FLA's default layout
-``[B, HV, K, V]`` and, with ``state_v_first=True``, in ours, ``[B, HV, V, K]``, and reports the faster
-(``runtime/bench_fla.py``, ``FLA_LAYOUTS``). A faster time only counts if the kernel computes the same
-step: here each layout's fused kernel runs a few decode steps of fresh random inputs and is compared
-with FLA's own naive recurrence on the same inputs (``tests/test_fla_reference.py`` checks the naive
-recurrences against our float64 oracle), outputs and final state, within float32 tolerance.
+``replayssm bench`` times FLA's step every way ``fla_ways`` names and reports the fastest
+(``runtime/bench_fla.py``): the public ``fused_recurrent_*`` with the state in FLA's default layout
+``[B, HV, K, V]`` and, with ``state_v_first=True``, in ours, ``[B, HV, V, K]``; for KDA also the
+in-place decode entry (a state pool indexed per row, one token per call). A faster time only counts
+if the kernel computes the same step: here ``fla_call``, the very call the benchmark times, runs a
+few decode steps of fresh random inputs each way and is compared with FLA's own naive recurrence on
+the same inputs (``tests/test_fla_reference.py`` checks the naive recurrences against our float64
+oracle), outputs and final state, within float32 tolerance; the in-place way must also leave the
+pool's other rows as they were.
 
-May import: NumPy, pytest, torch, fla, tests helpers.
+May import: NumPy, pytest, torch, fla, the runtime layer's FLA baseline, tests helpers.
 """
 
 from __future__ import annotations
@@ -18,12 +21,11 @@ import pytest
 
 from twin import assert_close
 
+from replayssm_dsl.runtime.bench_fla import fla_call, fla_ways
+
 pytestmark = [pytest.mark.fla, pytest.mark.gpu]
 
 torch = pytest.importorskip("torch")
-fused_gdn = pytest.importorskip("fla.ops.gated_delta_rule").fused_recurrent_gated_delta_rule
-fused_kda = pytest.importorskip("fla.ops.kda").fused_recurrent_kda
-fused_sgla = pytest.importorskip("fla.ops.simple_gla").fused_recurrent_simple_gla
 naive_gdn = pytest.importorskip("fla.ops.gated_delta_rule.naive").naive_recurrent_gated_delta_rule
 naive_kda = pytest.importorskip("fla.ops.kda.naive").naive_recurrent_kda
 naive_sgla = pytest.importorskip("fla.ops.simple_gla.naive").naive_recurrent_simple_gla
@@ -45,19 +47,34 @@ def _inputs(variant: str, seed: int):
     return q, k, v, gate, beta, state
 
 
-def _fused(variant: str, q, k, v, gate, beta, state, v_first: bool):
-    """FLA's fused kernel; the state and the final state in [B, HV, K, V] whatever the layout run."""
-    h0 = state.transpose(-1, -2).contiguous() if v_first else state
-    layout = {"state_v_first": True} if v_first else {}
-    if variant == "gdn":
-        o, s = fused_gdn(q, k, v, g=gate, beta=beta, initial_state=h0, output_final_state=True,
-                         use_qk_l2norm_in_kernel=True, **layout)
-    elif variant == "kda":
-        o, s = fused_kda(q, k, v, g=gate, beta=beta, initial_state=h0, output_final_state=True,
-                         use_qk_l2norm_in_kernel=True, **layout)
-    else:
-        o, s = fused_sgla(q, k, v, g=gate, initial_state=h0, output_final_state=True, **layout)
-    return o, (s.transpose(-1, -2) if v_first else s)
+def _to_way(state, v_first: bool):
+    return state.transpose(-1, -2).contiguous() if v_first else state
+
+
+def _fused(variant: str, way: str, q, k, v, gate, beta, state, seed: int):
+    """FLA's step the benchmark's way ``way``, over the T tokens; outputs ``[B, T, HV, V]`` and the final
+    state in ``[B, HV, K, V]`` whatever the way. The in-place way runs a token per call on a pool of
+    more rows than the batch, at rows in a random order, and checks that the other rows did not move."""
+    v_first, in_place = fla_ways(variant)[way]
+    h0 = _to_way(state, v_first)
+    if not in_place:
+        o, s = fla_call(variant, way, q, k, v, gate, beta, h0)
+        return o, _to_way(s, v_first)
+    rng = np.random.default_rng(seed)
+    spare = 3  # pool rows no batch row owns
+    rows = torch.as_tensor(rng.permutation(B + spare)[:B].astype(np.int32), device="cuda")
+    pool = torch.randn(B + spare, *h0.shape[1:], device="cuda") * 0.1
+    pool[rows.long()] = h0
+    untouched = [i for i in range(B + spare) if i not in set(rows.tolist())]
+    before = pool[untouched].clone()
+    outs = []
+    for i in range(T):  # (FLA's in-place entry takes contiguous tensors: it does not copy them)
+        token = [x[:, i:i + 1].contiguous() for x in (q, k, v, gate, beta)]
+        out = torch.full_like(token[2], float("nan"))  # poisoned: the kernel must write every element
+        fla_call(variant, way, *token, pool, out=out, indices=rows)
+        outs.append(out)
+    assert torch.equal(pool[untouched], before), f"{way}: rows of the pool outside the batch moved"
+    return torch.cat(outs, dim=1), _to_way(pool[rows.long()], v_first)
 
 
 def _naive(variant: str, q, k, v, gate, beta, state):
@@ -74,14 +91,17 @@ def _np(x) -> np.ndarray:
     return x.detach().to(torch.float64).cpu().numpy()
 
 
+WAYS = [(variant, way) for variant in ("gdn", "kda", "mamba2") for way in fla_ways(variant)]
+
+
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("v_first", [False, True], ids=["K-V", "V-K"])
-@pytest.mark.parametrize("variant", ["gdn", "kda", "mamba2"])
-def test_fla_fused_recurrent_matches_its_naive_recurrence_in_both_layouts(variant, v_first, seed):
+@pytest.mark.parametrize("variant, way", WAYS, ids=[f"{v}-{w}" for v, w in WAYS])
+def test_fla_step_matches_its_naive_recurrence_every_way_the_benchmark_times_it(variant, way, seed):
     q, k, v, gate, beta, state = _inputs(variant, seed)
-    o, s = _fused(variant, q, k, v, gate, beta, state, v_first)
+    o, s = _fused(variant, way, q, k, v, gate, beta, state, seed)
     want_o, want_s = _naive(variant, q, k, v, gate, beta, state)
     assert np.isfinite(_np(o)).all() and np.isfinite(_np(s)).all()
-    assert_close(_np(o), _np(want_o), TOL, f"{variant} outputs")
-    assert_close(_np(s), _np(want_s), TOL, f"{variant} final state")
+    assert_close(_np(o), _np(want_o), TOL, f"{variant} {way} outputs")
+    assert_close(_np(s), _np(want_s), TOL, f"{variant} {way} final state")
     assert not np.allclose(_np(want_s), _np(state)), "the state did not move: the comparison is vacuous"
+
