@@ -16,7 +16,7 @@ FILL_THREADS = 128
 SMS_H200 = 132
 
 
-_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?",
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?(?:/f([1-9][0-9]*))?",
                     re.ASCII)
 
 
@@ -32,6 +32,9 @@ class LaunchConfig:
     verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
     shared_rows: int = 0  # the replay step's last rows of each warp held in shared memory, not registers
     register_writes: bool = False  # the replay step loads its write records into registers, not shared memory
+    # verify on tensor cores under a register cap: each lane's last ``shared_fragments`` 16-byte chunks of its
+    # second fragment row come through shared memory (cp.async), not registers (render_verify_mma)
+    shared_fragments: int = 0
 
     def __post_init__(self):
         for name in ("warps", "rows_per_warp", "max_registers"):
@@ -43,6 +46,8 @@ class LaunchConfig:
         if not isinstance(self.shared_rows, int) or not 0 <= self.shared_rows < self.rows_per_warp:
             raise ValueError(f"shared_rows: expected an int in [0, rows_per_warp = {self.rows_per_warp}) "
                              f"(a warp keeps at least one row in registers), got {self.shared_rows!r}")
+        if not isinstance(self.shared_fragments, int) or self.shared_fragments < 0:
+            raise ValueError(f"shared_fragments: expected an int >= 0, got {self.shared_fragments!r}")
 
     @property
     def threads(self) -> int:
@@ -56,13 +61,14 @@ class LaunchConfig:
     @property
     def label(self) -> str:
         """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
-        eager records, ``/p10`` for verify's rows per pass, ``/s8`` for shared rows and ``/w`` for write
-        records in registers when set."""
+        eager records, ``/p10`` for verify's rows per pass, ``/s8`` for shared rows, ``/w`` for write
+        records in registers and ``/f3`` for verify's shared fragments when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
                 + ("/e" if self.eager_records else "")
                 + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else "")
                 + (f"/s{self.shared_rows}" if self.shared_rows else "")
-                + ("/w" if self.register_writes else ""))
+                + ("/w" if self.register_writes else "")
+                + (f"/f{self.shared_fragments}" if self.shared_fragments else ""))
 
     @classmethod
     def from_label(cls, label: str) -> "LaunchConfig":
@@ -71,11 +77,11 @@ class LaunchConfig:
         match = _LABEL.fullmatch(label)
         try:
             if match is None:
-                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w in that order")
-            warps, rows, cap, eager, passes, shared, writes = match.groups()
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w, /fN in that order")
+            warps, rows, cap, eager, passes, shared, writes, fragments = match.groups()
             launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
                          verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0,
-                         register_writes=bool(writes))
+                         register_writes=bool(writes), shared_fragments=int(fragments) if fragments else 0)
             if launch.label != label:
                 raise ValueError(f"it reads as {launch.label!r}")
         except ValueError as exc:

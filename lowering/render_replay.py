@@ -17,8 +17,8 @@ from .ir import Kernel, Program
 from .launch import LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
-from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows,
-                                tensor_core_verify)
+from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
+                                shared_fragments_back, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
@@ -267,7 +267,11 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
                  "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(dynamic_shared);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts, copied=tuple(staged)) + row_check_lines(f) + stage_row_input_copies(decl, staged)
-    loads = mma_state_loads if tensor_cores else row_loads
+    shared_fragments = launch.shared_fragments if tensor_cores else 0  # verify's fragments through shared memory
+    if shared_fragments > program.shape.k_dim // 16:
+        raise LoweringError(f"launch {launch.label}: shared_fragments = {shared_fragments} is more than the K / 16 = "
+                            f"{program.shape.k_dim // 16} chunks a lane holds of a fragment row")
+    loads = (lambda expr: mma_state_loads(expr, shared_fragments)) if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
     page_waits_on_fill = "load_state:checkpoint:dst" in f.guards
     state = (shared_page_lines(f) if page_waits_on_fill else state_page_lines(f)) + first_draft_loads(decl, hoisted)
@@ -288,7 +292,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
         body += ([] if page_waits_on_fill else state)
-        body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers)) + token_fields
+        body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers))
+        body += (shared_fragment_copies(CHECKPOINT_ROW.format(page="page"), shared_fragments) if shared_fragments else [])
+        body += token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
         assert not tensor_cores, "verify's fields on tensor cores write at the fill: n is known before them"
@@ -304,7 +310,10 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
-    body += records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
+    ready = records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
+    if shared_fragments:  # the shared fragments' group stays in flight until the products
+        ready[ready.index("cp_async_wait();")] = "cp_async_wait_all_but_last();  // all but the shared fragments"
+    body += ready
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")
@@ -330,7 +339,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += guarded(append_guard, rec)
     body.append("__syncthreads();")
     if tensor_cores:
-        body += mma_verify_rows(decl, f, append_guard)
+        body += (shared_fragments_back(shared_fragments) if shared_fragments else []) + mma_verify_rows(decl, f, append_guard)
     else:
         body += [SHARED_ROWS_WAIT + "  // the shared rows have landed"] if shared_rows else []
         body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows)

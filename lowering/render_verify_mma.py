@@ -27,12 +27,18 @@ def tensor_core_verify(program, launch) -> bool:
     """Whether verify's rows run on tensor cores: fp32 state, K a multiple of 16, at most 8 drafts
     (``verify_fits_tensor_cores``), and no register cap below 128 (a lane holds K / 2 state values per
     16-row tile however few rows its warp owns: under a cap they spill, and the SIMT rows serve those
-    launch shapes). ``sh_qd`` and ``sh_kd`` then hold ``FRAGMENT_DRAFTS`` drafts' worth of fragments."""
-    return verify_fits_tensor_cores(program.shape, program.config) and launch.max_registers >= 128
+    launch shapes) unless the launch moves some of them through shared memory (``shared_fragments``,
+    ``shared_fragment_copies``). ``sh_qd`` and ``sh_kd`` then hold ``FRAGMENT_DRAFTS`` drafts' worth of
+    fragments."""
+    return verify_fits_tensor_cores(program.shape, program.config) and (
+        launch.max_registers >= 128 or launch.shared_fragments > 0)
 
 
-def mma_state_loads(state_expr: str) -> list[str]:
-    """Every state load of the warp first, in fragment order (rows past V or past the warp's rows: zeros)."""
+def mma_state_loads(state_expr: str, shared: int = 0) -> list[str]:
+    """Every state load of the warp first, in fragment order (rows past V or past the warp's rows: zeros),
+    but the ``shared`` chunks that ``shared_fragment_copies`` moves through shared memory instead."""
+    skip = ([f"            if (mt == MT - 1 && h == 1 && m >= K / 16 - {shared}) continue;  // through shared memory"]
+            if shared else [])
     return [
         "constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp",
         LANE_IDS,
@@ -45,11 +51,50 @@ def mma_state_loads(state_expr: str) -> list[str]:
         "        const bool live = 16 * mt + 8 * h < RPW && rw < RPW && row < V;  // (the first test at compile time)",
         "        #pragma unroll",
         "        for (int m = 0; m < K / 16; ++m) {",
+        *skip,
         f"            const float4 x = live ? *reinterpret_cast<const float4*>({state_expr} + 4 * (quad + 4 * m))",
         "                                  : make_float4(0.f, 0.f, 0.f, 0.f);",
         "            sm[mt][h][4 * m] = x.x; sm[mt][h][4 * m + 1] = x.y; sm[mt][h][4 * m + 2] = x.z; sm[mt][h][4 * m + 3] = x.w;",
         "        }",
         "    }",
+        "}",
+    ]
+
+
+def shared_fragment_copies(state_expr: str, shared: int) -> list[str]:
+    """Verify under a register cap (launch option ``shared_fragments``): each lane's last ``shared``
+    float4s of its second row (g + 8) of the warp's last 16-row tile, which ``mma_state_loads`` leaves
+    out, copied into ``sh_fragments`` by cp.async (zeros past the warp's rows or V). The copies before
+    are committed as one group and these as another, so the fields' wait
+    (``cp_async_wait_all_but_last``) leaves them in flight; ``shared_fragments_back`` waits for them
+    before the products. The registers they would hold through the head-level phases are free there,
+    where ptxas would spill them (and its spill store would wait for the state load)."""
+    return [
+        "cp_async_commit();  // the copies so far: complete at the fields' wait",
+        f"__shared__ __align__(16) float4 sh_fragments[{shared}][THREADS];  // [chunk, thread]",
+        "{",
+        "    const int rw = 16 * (MT - 1) + 8 + g, row = v0 + warp * RPW + rw;",
+        "    const bool live = 16 * (MT - 1) + 8 < RPW && rw < RPW && row < V;",
+        "    #pragma unroll",
+        f"    for (int c = 0; c < {shared}; ++c) {{",
+        f"        const int m = K / 16 - {shared} + c;",
+        f"        cp_async16_zfill(&sh_fragments[c][tid], live ? {state_expr} + 4 * (quad + 4 * m) : checkpoint, live);",
+        "    }",
+        "}",
+        "cp_async_commit();  // the shared fragments: in flight until the products",
+    ]
+
+
+def shared_fragments_back(shared: int) -> list[str]:
+    """Before the products: this thread's own shared fragments (its copies complete, no barrier) back
+    into the state fragments."""
+    return [
+        "cp_async_wait();  // the shared fragments (this thread's own copies: no barrier needed)",
+        "#pragma unroll",
+        f"for (int c = 0; c < {shared}; ++c) {{",
+        f"    const int m = K / 16 - {shared} + c;",
+        "    const float4 x = sh_fragments[c][tid];",
+        "    sm[MT - 1][1][4 * m] = x.x; sm[MT - 1][1][4 * m + 1] = x.y; sm[MT - 1][1][4 * m + 2] = x.z; sm[MT - 1][1][4 * m + 3] = x.w;",
         "}",
     ]
 

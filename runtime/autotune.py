@@ -68,7 +68,13 @@ GROUP_EXTRAS = {
                LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4),
                # 80-row CTAs of whole 16-row tiles: a whole head per CTA at V = 80 (nano), 3 CTAs of 5 warps
                # per SM under verify's 128 registers, 240 rows in flight against 8x16's 160 there
-               LaunchConfig(5, 16)),
+               LaunchConfig(5, 16),
+               # verify on tensor cores under a 96-register cap, the last chunks of each lane's second fragment
+               # row through shared memory (shared_fragments): 4 CTAs of 5x16 per SM (320 rows; nano builds
+               # clean from 3 chunks), 5 of 4x16 (320 rows against 4x16's 256; super from 2, GDN from 4)
+               LaunchConfig(5, 16, max_registers=96, shared_fragments=3),
+               LaunchConfig(4, 16, max_registers=96, shared_fragments=2),
+               LaunchConfig(4, 16, max_registers=96, shared_fragments=4)),
     "conventional": (),
 }
 GROUP_EXTRAS["verify_few"] = GROUP_EXTRAS["verify"]
@@ -88,8 +94,10 @@ def candidates(group: str) -> tuple[LaunchConfig, ...]:
 def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
     """``candidates(group)`` less those that render the same kernels as another for ``program`` (verify's
     rows per pass where verify's rows run on tensor cores, which take no passes) and those the lowering
-    refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``)."""
+    refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``), and verify's
+    shared fragments where verify's rows do not run on tensor cores (the option would change nothing)."""
     return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c))
+                 and not (c.shared_fragments and not tensor_core_verify(program, c))
                  and shared_rows_refusal(program, c) is None)
 
 
@@ -129,7 +137,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 19
+TUNING_VERSION = 20
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -143,7 +151,8 @@ registers; 13: verify keeps its write records in dynamic shared memory; 14: the 
 take ``8x16/r80/s11/w``; 15: the sources compile without warnings, and a key with bf16 records names
 the fields kept raw; 16: verify may take ``5x16``; 17: verify's chain shortened; 18: verify on tensor
 cores copies its row inputs before the state rows; 19: and loads its first drafts' scalar inputs and
-the head's scalar parameters before them)."""
+the head's scalar parameters before them; 20: verify may run on tensor cores under a 96-register cap
+with shared fragments)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:

@@ -205,15 +205,18 @@ def test_every_candidate_launch_is_named_by_its_label():
 
 @pytest.mark.parametrize("bad", ["8", "8x", "x8", "8x8/r", "8x8/q4", "8x8/r64/r80", "8x8/e2", "8x8/p", "4x4/r6.5", "0x8",
                                  "8x0", "08x8", "8x8/r064", "8x8/r128", "8x8/p0", "8x8/p4/r64", "\u0664x8", "+8x8", " 8x8",
-                                 "8x8/s0", "8x8/s8", "8x8/s4/r64", "8x8/s4/p4", "8x8/w/s4", "8x8/ww", "8x8/w1", "8x8/w/e"])
+                                 "8x8/s0", "8x8/s8", "8x8/s4/r64", "8x8/s4/p4", "8x8/w/s4", "8x8/ww", "8x8/w1", "8x8/w/e",
+                                 "8x8/f0", "8x8/f", "8x8/f2/w", "8x8/f2/s4", "8x8/f02"])
 def test_a_label_that_names_no_launch_is_refused(bad):
     with pytest.raises(ValueError, match=re.escape(f"launch label {bad!r}")):
         LaunchConfig.from_label(bad)
 
 
-def test_tensor_core_verify_drops_the_rows_per_pass_options():
+def test_tensor_core_verify_drops_the_rows_per_pass_options_and_takes_shared_fragments():
     """Verify's rows on tensor cores take no passes through the drafts: the tuner does not time a
-    ``/p`` option there (the same kernel twice); where verify's rows run on SIMT lanes it does."""
+    ``/p`` option there (the same kernel twice); where verify's rows run on SIMT lanes it does. Shared
+    fragments (``/f``) put verify's rows on tensor cores under a register cap, and are not timed where
+    verify cannot run there (the same SIMT kernel as without)."""
     from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
     tensor = lower(variants.get("gdn"), ModelShape(4, 2, 64, 128), ReplayConfig(window=16, max_drafts=8))
     simt = lower(variants.get("gdn"), ModelShape(4, 2, 64, 100), ReplayConfig(window=16, max_drafts=8))  # K % 16 != 0
@@ -221,7 +224,12 @@ def test_tensor_core_verify_drops_the_rows_per_pass_options():
     assert not tensor_core_verify(tensor, LaunchConfig(4, 10, max_registers=96)), "a register cap keeps the SIMT rows"
     capped = LaunchConfig(8, 8, max_registers=64, verify_rows_per_pass=4)  # a register cap: SIMT rows, passes count
     assert {c for c in autotune.distinct_candidates(tensor, "verify") if c.verify_rows_per_pass} == {capped}
-    assert autotune.distinct_candidates(simt, "verify") == autotune.candidates("verify")
+    fragments = {c for c in autotune.candidates("verify") if c.shared_fragments}
+    assert fragments and all(c.max_registers < 128 for c in fragments)
+    assert all(tensor_core_verify(tensor, c) for c in fragments), "shared fragments put verify on tensor cores under a cap"
+    assert fragments <= set(autotune.distinct_candidates(tensor, "verify"))
+    assert autotune.distinct_candidates(simt, "verify") == tuple(c for c in autotune.candidates("verify")
+                                                                  if c not in fragments), "where they change nothing"
     assert autotune.distinct_candidates(tensor, "replay") == autotune.candidates("replay")
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
+from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch
 from replayssm_dsl.lowering.render_blocks import hoistable_inputs
@@ -81,12 +82,14 @@ def test_verify_family_default_launch_compiles_without_spills(variant, shape):
 # as 8x8/r64 itself spills, and 4 B for Mamba-2 at V = 80; the replay step's 4x20/r96/s10: 4 B for GDN;
 # 8x16/r80/s8: 48 B for GDN and KDA, 16 B for Mamba-2 at V = 80; 8x12/r80/s4 and 8x16/r80/s10: 4 B for
 # Mamba-2 at V = 80; 4x20/r96/s10: 4 B for KDA; with the write records in registers, 8x16/r80/s10/w: 8 B
-# for GDN, 16 B for Mamba-2, 8x16/r80/s11/w: 8 B for Mamba-2, and 4x16/r96/s8/w: 4 B for Mamba-2):
-# where they do, the tuner's group_spills rules them out for that group.
+# for GDN, 16 B for Mamba-2, 8x16/r80/s11/w: 8 B for Mamba-2, and 4x16/r96/s8/w: 4 B for Mamba-2; verify
+# under a 96-register cap with shared fragments, 5x16/r96/f3: 8 B for GDN, 4x16/r96/f2: 4 B for GDN, 12 B
+# for Mamba-2 at V = 80, 20 B for KDA): where they do, the tuner's group_spills rules them out for that group.
 OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn", "4x20/r96/s10"),
                           ("gdn", "8x16/r80/s8"), ("kda", "8x16/r80/s8"), ("mamba2", "8x16/r80/s8"), ("mamba2", "8x12/r80/s4"),
                           ("mamba2", "8x16/r80/s10"), ("kda", "4x20/r96/s10"), ("gdn", "8x16/r80/s10/w"),
-                          ("mamba2", "8x16/r80/s10/w"), ("mamba2", "8x16/r80/s11/w"), ("mamba2", "4x16/r96/s8/w")}
+                          ("mamba2", "8x16/r80/s10/w"), ("mamba2", "8x16/r80/s11/w"), ("mamba2", "4x16/r96/s8/w"),
+                          ("gdn", "5x16/r96/f3"), ("gdn", "4x16/r96/f2"), ("mamba2", "4x16/r96/f2"), ("kda", "4x16/r96/f2")}
 
 
 @pytest.mark.nvrtc
@@ -399,3 +402,24 @@ def test_shared_rows_compile_at_a_partial_tile(variant, launch):
     program = lower(variants.get(variant), ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3))
     result = compile_cubin(render_program(program, launch, kernels=group_kernels(program, "replay")), "shared-rows.cu", "sm_90")
     assert sorted(result.resources) == sorted(group_kernels(program, "replay")) and not result.warnings, result.log
+
+
+def test_shared_fragments_move_the_last_chunks_of_verifys_fragments_through_shared_memory():
+    """Verify under a register cap with shared fragments runs on tensor cores: each lane's last N chunks
+    of its second fragment row skip the register loads, go to shared memory by cp.async in a group of
+    their own that the fields' wait leaves in flight, and come back before the products. More chunks
+    than a lane holds is refused, naming the launch."""
+    program = lower(variants.get("gdn"), SHAPES["qwen3.5-4b"], ReplayConfig())
+    src = render_program(program, LaunchConfig(4, 16, max_registers=96, shared_fragments=4))
+    verify = src[src.index("void __launch_bounds__(128, 5) verify("):]
+    verify = verify[:verify.index('extern "C"')]
+    assert "if (mt == MT - 1 && h == 1 && m >= K / 16 - 4) continue;" in verify
+    issue, wait, back, products = (verify.index(s) for s in (
+        "__shared__ __align__(16) float4 sh_fragments[4][THREADS];", "cp_async_wait_all_but_last();",
+        "const float4 x = sh_fragments[c][tid];", "float cq[MT][4], cqs[MT][4]"))
+    assert verify.index("stage_writes(sh_w") < issue < wait < back < products
+    assert verify.count("cp_async_commit();") == 2 and "cp_async_wait();" in verify[wait:back]
+    capped = render_program(program, LaunchConfig(4, 16, max_registers=96))  # without: the SIMT rows
+    assert "sh_fragments" not in capped and "mma_3xtf32" not in capped[capped.index(") verify("):capped.index(") commit(")]
+    with pytest.raises(LoweringError, match=r"4x16/r96/f9: shared_fragments = 9 is more than the K / 16 = 8"):
+        render_program(program, LaunchConfig(4, 16, max_registers=96, shared_fragments=9))

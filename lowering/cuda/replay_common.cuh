@@ -185,6 +185,10 @@ __device__ __forceinline__ void stage_token_rows(T* __restrict__ dst, const T* _
 // the line finds it there instead of queueing behind the loads issued in between.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// cp.async groups (verify's shared fragments): the copies issued so far as one group; then every group but
+// the last one committed complete (the last still in flight), or all of them.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_last() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 // The replay step's shared rows (launch option shared_rows: SRPW > 0): each warp's last SRPW state rows,
 // [RREG, RPW) of the warp, are copied into shared memory by one bulk copy per warp (cp.async.bulk, sm_90),
 // issued by thread 0 and counted on one mbarrier, so they fly without holding registers: more rows in
