@@ -18,7 +18,7 @@ from .launch import LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
-                                shared_fragments_back, tensor_core_verify)
+                                shared_fragments_back, shared_fragments_refusal, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
@@ -268,9 +268,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts, copied=tuple(staged)) + row_check_lines(f) + stage_row_input_copies(decl, staged)
     shared_fragments = launch.shared_fragments if tensor_cores else 0  # verify's fragments through shared memory
-    if shared_fragments > program.shape.k_dim // 16:
-        raise LoweringError(f"launch {launch.label}: shared_fragments = {shared_fragments} is more than the K / 16 = "
-                            f"{program.shape.k_dim // 16} chunks a lane holds of a fragment row")
+    refusal = shared_fragments_refusal(program, launch) if shared_fragments else None
+    if refusal:
+        raise LoweringError(refusal)
     loads = (lambda expr: mma_state_loads(expr, shared_fragments)) if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
     page_waits_on_fill = "load_state:checkpoint:dst" in f.guards

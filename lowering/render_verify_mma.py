@@ -34,6 +34,16 @@ def tensor_core_verify(program, launch) -> bool:
         launch.max_registers >= 128 or launch.shared_fragments > 0)
 
 
+def shared_fragments_refusal(program, launch) -> str | None:
+    """Why ``launch.shared_fragments`` cannot serve ``program`` (None when it can, or is 0): a lane
+    holds K / 16 chunks of each fragment row, so no more of them can go through shared memory."""
+    chunks = program.shape.k_dim // 16
+    if launch.shared_fragments > chunks:
+        return (f"shared_fragments: launch {launch.label} moves {launch.shared_fragments} chunks of each lane's "
+                f"fragment row through shared memory, but at K = {program.shape.k_dim} a lane holds {chunks}")
+    return None
+
+
 def mma_state_loads(state_expr: str, shared: int = 0) -> list[str]:
     """Every state load of the warp first, in fragment order (rows past V or past the warp's rows: zeros),
     but the ``shared`` chunks that ``shared_fragment_copies`` moves through shared memory instead."""

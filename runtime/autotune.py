@@ -26,7 +26,7 @@ from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_replay import shared_rows_refusal
-from replayssm_dsl.lowering.render_verify_mma import tensor_core_verify
+from replayssm_dsl.lowering.render_verify_mma import shared_fragments_refusal, tensor_core_verify
 
 from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
 
@@ -94,11 +94,12 @@ def candidates(group: str) -> tuple[LaunchConfig, ...]:
 def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
     """``candidates(group)`` less those that render the same kernels as another for ``program`` (verify's
     rows per pass where verify's rows run on tensor cores, which take no passes) and those the lowering
-    refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``), and verify's
-    shared fragments where verify's rows do not run on tensor cores (the option would change nothing)."""
+    refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``; more shared
+    fragments than a lane holds: ``shared_fragments_refusal``), and verify's shared fragments where
+    verify's rows do not run on tensor cores (the option would change nothing)."""
     return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c))
                  and not (c.shared_fragments and not tensor_core_verify(program, c))
-                 and shared_rows_refusal(program, c) is None)
+                 and shared_rows_refusal(program, c) is None and shared_fragments_refusal(program, c) is None)
 
 
 def group_of(kernel: str, drafts: int | None = None) -> str:

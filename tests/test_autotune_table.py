@@ -231,6 +231,9 @@ def test_tensor_core_verify_drops_the_rows_per_pass_options_and_takes_shared_fra
     assert autotune.distinct_candidates(simt, "verify") == tuple(c for c in autotune.candidates("verify")
                                                                   if c not in fragments), "where they change nothing"
     assert autotune.distinct_candidates(tensor, "replay") == autotune.candidates("replay")
+    small_k = lower(variants.get("gdn"), ModelShape(4, 2, 64, 32), ReplayConfig(window=16, max_drafts=8))  # 2 chunks a lane
+    kept = {c.shared_fragments for c in autotune.distinct_candidates(small_k, "verify") if c.shared_fragments}
+    assert kept == {f for f in (c.shared_fragments for c in fragments) if f <= 2}, "more chunks than a lane holds are not timed"
 
 
 @pytest.mark.parametrize("k_dim,state_dtype", [(6, "float32"), (100, "bfloat16"), (36, "float16")])

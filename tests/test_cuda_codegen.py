@@ -421,5 +421,5 @@ def test_shared_fragments_move_the_last_chunks_of_verifys_fragments_through_shar
     assert verify.count("cp_async_commit();") == 2 and "cp_async_wait();" in verify[wait:back]
     capped = render_program(program, LaunchConfig(4, 16, max_registers=96))  # without: the SIMT rows
     assert "sh_fragments" not in capped and "mma_3xtf32" not in capped[capped.index(") verify("):capped.index(") commit(")]
-    with pytest.raises(LoweringError, match=r"4x16/r96/f9: shared_fragments = 9 is more than the K / 16 = 8"):
+    with pytest.raises(LoweringError, match=r"shared_fragments: launch 4x16/r96/f9 moves 9 chunks .* at K = 128 a lane holds 8"):
         render_program(program, LaunchConfig(4, 16, max_registers=96, shared_fragments=9))
