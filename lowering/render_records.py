@@ -80,11 +80,12 @@ def prefix_decays(raw: dict, count: str = "n") -> list[str]:
             "    " + record_decay_sums(count), "}"]
 
 
-def records_ready(decl, raw: dict, count: str = "n", sum_decays: bool = True) -> list[str]:
-    """After ``load_records``: wait for the copies, and widen the records kept raw (then, with
-    ``sum_decays``, their decays' running sums; the replay step's cumulate phase sums them itself),
-    each step behind a barrier, so ``sh_key`` and ``sh_G`` hold what the fold reads."""
-    lines = ["cp_async_wait();", "__syncthreads();"]
+def records_ready(decl, raw: dict, count: str = "n", sum_decays: bool = True, wait: str = "cp_async_wait();") -> list[str]:
+    """After ``load_records``: wait for the copies (``wait``: all of them by default), and widen the
+    records kept raw (then, with ``sum_decays``, their decays' running sums; the replay step's cumulate
+    phase sums them itself), each step behind a barrier, so ``sh_key`` and ``sh_G`` hold what the fold
+    reads."""
+    lines = [wait, "__syncthreads();"]
     widen = widen_records(decl, raw, count)
     if widen:
         lines += widen + ["__syncthreads();"]

@@ -275,11 +275,12 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
     page_waits_on_fill = "load_state:checkpoint:dst" in f.guards
     state = (shared_page_lines(f) if page_waits_on_fill else state_page_lines(f)) + first_draft_loads(decl, hoisted)
+    checkpoint_row = CHECKPOINT_ROW.format(page="page")
     if shared_rows:  # the bulk copies first: nothing waits on them until the rows phase
         state += ["if (tid == 0) shared_rows_copy(sh_rows, &sh_rows_bar, checkpoint + ((size_t)page * HV + hv) * V * K, v0);"]
-        state += row_loads(CHECKPOINT_ROW.format(page="page"), "RREG")
+        state += row_loads(checkpoint_row, "RREG")
     else:
-        state += loads(CHECKPOINT_ROW.format(page="page"))
+        state += loads(checkpoint_row)
     token_fields = (fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores)
                     + ([] if staged else stage_row_fields(decl, hoisted=hoisted)))
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
@@ -293,7 +294,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
         body += ([] if page_waits_on_fill else state)
         body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers))
-        body += (shared_fragment_copies(CHECKPOINT_ROW.format(page="page"), shared_fragments) if shared_fragments else [])
+        body += shared_fragment_copies(checkpoint_row, shared_fragments) if shared_fragments else []
         body += token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
         assert not f.guards.get("load_records"), "staging before the fill is known reads every record"
@@ -310,10 +311,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
     assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
-    ready = records_ready(decl, raw, "n", sum_decays=False)  # the cumulate sums the records' raw decays
-    if shared_fragments:  # the shared fragments' group stays in flight until the products
-        ready[ready.index("cp_async_wait();")] = "cp_async_wait_all_but_last();  // all but the shared fragments"
-    body += ready
+    # (the cumulate sums the records' raw decays; the shared fragments' copy group stays in flight until the products)
+    body += records_ready(decl, raw, "n", sum_decays=False, wait="cp_async_wait_all_but_last();  // all but the shared fragments"
+                          if shared_fragments else "cp_async_wait();")
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores)
     body.append("__syncthreads();")

@@ -69,7 +69,8 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
     def rnd(*s):
         return torch.randn(*s, device=dev, generator=g) * 0.1
 
-    states = {layout: rnd(batch, HV, V, K) if v_first else rnd(batch, HV, K, V) for layout, v_first in FLA_LAYOUTS.items()}
+    ways = fla_ways(variant)
+    states = {v_first: rnd(batch, HV, V, K) if v_first else rnd(batch, HV, K, V) for v_first in FLA_LAYOUTS.values()}
     indices = torch.arange(batch, device=dev, dtype=torch.int32)
     inputs = []
     for _ in range(sets):
@@ -83,12 +84,11 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
 
     def call(i, way):
         q, k, v, gate, beta, out = inputs[i % sets]
-        state = states[way.removesuffix(IN_PLACE)]
-        return fla_call(variant, way, q, k, v, gate, beta, state, out=out, indices=indices)
+        return fla_call(variant, way, q, k, v, gate, beta, states[ways[way][0]], out=out, indices=indices)
 
     import cupy as cp
     timed, failures = {}, []
-    for way in fla_ways(variant):
+    for way in ways:
         try:
             call(0, way)
         except Exception as exc:

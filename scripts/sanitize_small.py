@@ -52,7 +52,7 @@ if __name__ == "__main__":
                        LaunchConfig(4, 4, eager_records=True, register_writes=True)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
     for name in ("gdn", "mamba2"):  # verify under a register cap, its last fragment chunks through shared memory;
-        # V = 60: the second CTA's last warp has rows past V (its copies write zeros)
+        # V = 60 in 64-row CTAs: the last warp's rows 60-63 lie past V (their copies write zeros)
         exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3),
                  launch=LaunchConfig(4, 16, max_registers=96, shared_fragments=2))
     # bf16 tokens, records of bf16: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
