@@ -18,7 +18,8 @@ from .launch import LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
-                                shared_fragments_back, shared_fragments_refusal, tensor_core_verify)
+                                shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
+                                tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
@@ -235,12 +236,15 @@ def shared_rows_refusal(program: Program, launch: LaunchConfig) -> str | None:
 
 def dynamic_shared_bytes(kernel: Kernel, program: Program, launch: LaunchConfig) -> int:
     """Bytes of dynamic shared memory ``kernel`` launches with: the replay step's shared rows
-    (WARPS · SRPW rows of K state elements), verify's write records (NREC · W_PITCH floats), 0 for
-    every other kernel."""
+    (WARPS · SRPW rows of K state elements), verify's write records (NREC · W_PITCH floats) and after
+    them, at a 16-byte boundary, its shared fragments (``shared_fragment_copies``), 0 for every other
+    kernel."""
     f = facts(kernel)
     if _takes_shared_rows(f, launch):
         return launch.warps * launch.shared_rows * _state_row_bytes(program)
     if _writes_in_dynamic_shared(f):
+        if f.drafts and tensor_core_verify(program, launch) and launch.shared_fragments:
+            return -(-_write_records_bytes(program, launch) // 16) * 16 + shared_fragments_bytes(launch)
         return _write_records_bytes(program, launch)
     return 0
 
@@ -271,6 +275,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     refusal = shared_fragments_refusal(program, launch) if shared_fragments else None
     if refusal:
         raise LoweringError(refusal)
+    assert not shared_fragments or writes == "dynamic", "the shared fragments lie after sh_w in dynamic shared memory"
     loads = (lambda expr: mma_state_loads(expr, shared_fragments)) if tensor_cores else row_loads
     hoisted = hoistable_inputs(decl) if tensor_cores else ()  # (the SIMT rows under a cap have no registers to spare)
     page_waits_on_fill = "load_state:checkpoint:dst" in f.guards

@@ -71,24 +71,37 @@ def mma_state_loads(state_expr: str, shared: int = 0) -> list[str]:
     ]
 
 
+# where verify's shared fragments begin in its dynamic shared memory: after the write records (sh_w's
+# NREC · W_PITCH floats), at a 16-byte boundary
+SHARED_FRAGMENTS_OFFSET = "(NREC * W_PITCH * sizeof(float) + 15) / 16 * 16"
+
+
+def shared_fragments_bytes(launch) -> int:
+    """Bytes of dynamic shared memory verify's shared fragments take: a float4 per chunk and thread."""
+    return launch.shared_fragments * 16 * launch.warps * 32
+
+
 def shared_fragment_copies(state_expr: str, shared: int) -> list[str]:
     """Verify under a register cap (launch option ``shared_fragments``): each lane's last ``shared``
     float4s of its second row (g + 8) of the warp's last 16-row tile, which ``mma_state_loads`` leaves
-    out, copied into ``sh_fragments`` by cp.async (zeros past the warp's rows or V). The copies before
+    out, copied into ``sh_fragments`` by cp.async (zeros past the warp's rows or V). ``sh_fragments``
+    lies in dynamic shared memory after verify's write records (``shared_fragments_bytes``), so that
+    the static arrays need not leave room for it under the 48 KiB of static shared memory. The copies before
     are committed as one group and these as another, so the fields' wait
     (``cp_async_wait_all_but_last``) leaves them in flight; ``shared_fragments_back`` waits for them
     before the products. The registers they would hold through the head-level phases are free there,
     where ptxas would spill them (and its spill store would wait for the state load)."""
     return [
         "cp_async_commit();  // the copies so far: complete at the fields' wait",
-        f"__shared__ __align__(16) float4 sh_fragments[{shared}][THREADS];  // [chunk, thread]",
+        f"float4* const sh_fragments = reinterpret_cast<float4*>(dynamic_shared + {SHARED_FRAGMENTS_OFFSET});"
+        f"  // [{shared}, THREADS]: after sh_w",
         "{",
         "    const int rw = 16 * (MT - 1) + 8 + g, row = v0 + warp * RPW + rw;",
         "    const bool live = 16 * (MT - 1) + 8 < RPW && rw < RPW && row < V;",
         "    #pragma unroll",
         f"    for (int c = 0; c < {shared}; ++c) {{",
         f"        const int m = K / 16 - {shared} + c;",
-        f"        cp_async16_zfill(&sh_fragments[c][tid], live ? {state_expr} + 4 * (quad + 4 * m) : checkpoint, live);",
+        f"        cp_async16_zfill(&sh_fragments[c * THREADS + tid], live ? {state_expr} + 4 * (quad + 4 * m) : checkpoint, live);",
         "    }",
         "}",
         "cp_async_commit();  // the shared fragments: in flight until the products",
@@ -103,7 +116,7 @@ def shared_fragments_back(shared: int) -> list[str]:
         "#pragma unroll",
         f"for (int c = 0; c < {shared}; ++c) {{",
         f"    const int m = K / 16 - {shared} + c;",
-        "    const float4 x = sh_fragments[c][tid];",
+        "    const float4 x = sh_fragments[c * THREADS + tid];",
         "    sm[MT - 1][1][4 * m] = x.x; sm[MT - 1][1][4 * m + 1] = x.y; sm[MT - 1][1][4 * m + 2] = x.z; sm[MT - 1][1][4 * m + 3] = x.w;",
         "}",
     ]

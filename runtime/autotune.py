@@ -69,12 +69,15 @@ GROUP_EXTRAS = {
                # 80-row CTAs of whole 16-row tiles: a whole head per CTA at V = 80 (nano), 3 CTAs of 5 warps
                # per SM under verify's 128 registers, 240 rows in flight against 8x16's 160 there
                LaunchConfig(5, 16),
-               # verify on tensor cores under a 96-register cap, the last chunks of each lane's second fragment
-               # row through shared memory (shared_fragments): 4 CTAs of 5x16 per SM (320 rows; nano builds
-               # clean from 3 chunks), 5 of 4x16 (320 rows against 4x16's 256; super from 2, GDN from 4)
-               LaunchConfig(5, 16, max_registers=96, shared_fragments=3),
+               # verify on tensor cores under a register cap, the last chunks of each lane's second fragment
+               # row through dynamic shared memory (shared_fragments): 4 CTAs of 5x16/r96 per SM (320 rows;
+               # nano builds clean from 4 chunks), 5 of 4x16/r96 (320 rows against 4x16's 256; super from 2,
+               # GDN from 4), 3 of 8x16/r80 (384 rows; GDN clean at 6 chunks, super at 7)
+               LaunchConfig(5, 16, max_registers=96, shared_fragments=4),
                LaunchConfig(4, 16, max_registers=96, shared_fragments=2),
-               LaunchConfig(4, 16, max_registers=96, shared_fragments=4)),
+               LaunchConfig(4, 16, max_registers=96, shared_fragments=4),
+               LaunchConfig(8, 16, max_registers=80, shared_fragments=6),
+               LaunchConfig(8, 16, max_registers=80, shared_fragments=7)),
     "conventional": (),
 }
 GROUP_EXTRAS["verify_few"] = GROUP_EXTRAS["verify"]
@@ -138,7 +141,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 20
+TUNING_VERSION = 21
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy

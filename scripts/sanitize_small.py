@@ -51,10 +51,11 @@ if __name__ == "__main__":
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
                        LaunchConfig(4, 4, eager_records=True, register_writes=True)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
-    for name in ("gdn", "mamba2"):  # verify under a register cap, its last fragment chunks through shared memory;
-        # V = 60 in 64-row CTAs: the last warp's rows 60-63 lie past V (their copies write zeros)
-        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3),
-                 launch=LaunchConfig(4, 16, max_registers=96, shared_fragments=2))
+    for name in ("gdn", "mamba2"):  # verify under a register cap, its last fragment chunks through dynamic shared
+        # memory after the write records; V = 60 in 64- and 128-row CTAs: the rows past V copy zeros
+        for launch in (LaunchConfig(4, 16, max_registers=96, shared_fragments=2),
+                       LaunchConfig(8, 16, max_registers=80, shared_fragments=4)):
+            exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
     # bf16 tokens, records of bf16: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
     # K = 64, 6 and 33 stage them 16, 4 and 2 bytes at a time
     raw = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")

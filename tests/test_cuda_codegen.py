@@ -20,6 +20,7 @@ from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch
 from replayssm_dsl.lowering.render_blocks import hoistable_inputs
 from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.lowering.render_replay import dynamic_shared_bytes
 
 GOLDEN = Path(__file__).with_name("golden")
 SHAPES = {name: p.shape for name, p in PRESETS.items()}
@@ -83,13 +84,17 @@ def test_verify_family_default_launch_compiles_without_spills(variant, shape):
 # 8x16/r80/s8: 48 B for GDN and KDA, 16 B for Mamba-2 at V = 80; 8x12/r80/s4 and 8x16/r80/s10: 4 B for
 # Mamba-2 at V = 80; 4x20/r96/s10: 4 B for KDA; with the write records in registers, 8x16/r80/s10/w: 8 B
 # for GDN, 16 B for Mamba-2, 8x16/r80/s11/w: 8 B for Mamba-2, and 4x16/r96/s8/w: 4 B for Mamba-2; verify
-# under a 96-register cap with shared fragments, 5x16/r96/f3: 8 B for GDN, 4x16/r96/f2: 4 B for GDN, 12 B
-# for Mamba-2 at V = 80, 20 B for KDA): where they do, the tuner's group_spills rules them out for that group.
+# under a register cap with shared fragments, 4x16/r96/f2: 8 B for GDN, 12 B for Mamba-2 at V = 80, 20 B
+# for KDA; 4x16/r96/f4 and 5x16/r96/f4: 20 B for KDA; 8x16/r80/f6: 8 B for Mamba-2, 32 B for KDA;
+# 8x16/r80/f7: 4 B for GDN, 24 B for Mamba-2, 16 B for KDA): where they do, the tuner's group_spills
+# rules them out for that group.
 OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn", "4x20/r96/s10"),
                           ("gdn", "8x16/r80/s8"), ("kda", "8x16/r80/s8"), ("mamba2", "8x16/r80/s8"), ("mamba2", "8x12/r80/s4"),
                           ("mamba2", "8x16/r80/s10"), ("kda", "4x20/r96/s10"), ("gdn", "8x16/r80/s10/w"),
                           ("mamba2", "8x16/r80/s10/w"), ("mamba2", "8x16/r80/s11/w"), ("mamba2", "4x16/r96/s8/w"),
-                          ("gdn", "5x16/r96/f3"), ("gdn", "4x16/r96/f2"), ("mamba2", "4x16/r96/f2"), ("kda", "4x16/r96/f2")}
+                          ("gdn", "4x16/r96/f2"), ("mamba2", "4x16/r96/f2"), ("kda", "4x16/r96/f2"), ("kda", "4x16/r96/f4"),
+                          ("kda", "5x16/r96/f4"), ("mamba2", "8x16/r80/f6"), ("kda", "8x16/r80/f6"), ("gdn", "8x16/r80/f7"),
+                          ("mamba2", "8x16/r80/f7"), ("kda", "8x16/r80/f7")}
 
 
 @pytest.mark.nvrtc
@@ -415,10 +420,14 @@ def test_shared_fragments_move_the_last_chunks_of_verifys_fragments_through_shar
     verify = verify[:verify.index('extern "C"')]
     assert "if (mt == MT - 1 && h == 1 && m >= K / 16 - 4) continue;" in verify
     issue, wait, back, products = (verify.index(s) for s in (
-        "__shared__ __align__(16) float4 sh_fragments[4][THREADS];", "cp_async_wait_all_but_last();",
-        "const float4 x = sh_fragments[c][tid];", "float cq[MT][4], cqs[MT][4]"))
+        "float4* const sh_fragments = reinterpret_cast<float4*>(dynamic_shared + (NREC * W_PITCH * sizeof(float) + 15) / 16 * 16);",
+        "cp_async_wait_all_but_last();", "const float4 x = sh_fragments[c * THREADS + tid];", "float cq[MT][4], cqs[MT][4]"))
     assert verify.index("stage_writes(sh_w") < issue < wait < back < products
     assert verify.count("cp_async_commit();") == 2 and "cp_async_wait();" in verify[wait:back]
+    # in dynamic shared memory after the write records: a float4 per chunk and thread more than without
+    launches = {f: LaunchConfig(4, 16, max_registers=96, shared_fragments=f) for f in (0, 4)}
+    records, with_fragments = (dynamic_shared_bytes(program.kernel("verify"), program, launches[f]) for f in (0, 4))
+    assert with_fragments == -(-records // 16) * 16 + 4 * 16 * 128
     capped = render_program(program, LaunchConfig(4, 16, max_registers=96))  # without: the SIMT rows
     assert "sh_fragments" not in capped and "mma_3xtf32" not in capped[capped.index(") verify("):capped.index(") commit(")]
     with pytest.raises(LoweringError, match=r"shared_fragments: launch 4x16/r96/f9 moves 9 chunks .* at K = 128 a lane holds 8"):
