@@ -243,10 +243,17 @@ def dynamic_shared_bytes(kernel: Kernel, program: Program, launch: LaunchConfig)
     if _takes_shared_rows(f, launch):
         return launch.warps * launch.shared_rows * _state_row_bytes(program)
     if _writes_in_dynamic_shared(f):
-        if f.drafts and tensor_core_verify(program, launch) and launch.shared_fragments:
+        if _verify_shared_fragments(f, program, launch):
             return -(-_write_records_bytes(program, launch) // 16) * 16 + shared_fragments_bytes(launch)
         return _write_records_bytes(program, launch)
     return 0
+
+
+def _verify_shared_fragments(f: Facts, program: Program, launch: LaunchConfig) -> int:
+    """The chunks of each lane's fragment row the kernel of ``f`` moves through shared memory at
+    ``launch`` (``shared_fragment_copies``): the launch's ``shared_fragments`` where verify's rows run
+    on tensor cores, 0 elsewhere (the option changes nothing there)."""
+    return launch.shared_fragments if f.drafts and tensor_core_verify(program, launch) else 0
 
 
 def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
@@ -271,7 +278,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
                  "STATE_T* const sh_rows = reinterpret_cast<STATE_T*>(dynamic_shared);  // [WARPS, SRPW, K]: each warp's rows RREG..RPW-1",
                  "__shared__ __align__(8) unsigned long long sh_rows_bar;  // their bulk copies' mbarrier"]
     body += token_prefetch(decl, f.drafts, copied=tuple(staged)) + row_check_lines(f) + stage_row_input_copies(decl, staged)
-    shared_fragments = launch.shared_fragments if tensor_cores else 0  # verify's fragments through shared memory
+    shared_fragments = _verify_shared_fragments(f, program, launch)
     refusal = shared_fragments_refusal(program, launch) if shared_fragments else None
     if refusal:
         raise LoweringError(refusal)

@@ -156,7 +156,7 @@ take ``8x16/r80/s11/w``; 15: the sources compile without warnings, and a key wit
 the fields kept raw; 16: verify may take ``5x16``; 17: verify's chain shortened; 18: verify on tensor
 cores copies its row inputs before the state rows; 19: and loads its first drafts' scalar inputs and
 the head's scalar parameters before them; 20: verify may run on tensor cores under a 96-register cap
-with shared fragments)."""
+with shared fragments; 21: and keeps them in dynamic shared memory, which lets ``8x16/r80`` take them)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
