@@ -16,7 +16,7 @@ FILL_THREADS = 128
 SMS_H200 = 132
 
 
-_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?(?:/f([1-9][0-9]*))?",
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?(/v)?(?:/f([1-9][0-9]*))?",
                     re.ASCII)
 
 
@@ -32,6 +32,9 @@ class LaunchConfig:
     verify_rows_per_pass: int = 0  # verify's rows per pass through the drafts (0: the default, see verify_rows)
     shared_rows: int = 0  # the replay step's last rows of each warp held in shared memory, not registers
     register_writes: bool = False  # the replay step loads its write records into registers, not shared memory
+    # the replay step loads its token's row fields (value, skip, gate) into the registers of the lanes that
+    # finish each row, not into shared arrays: BV floats per field less static shared memory per CTA
+    register_fields: bool = False
     # verify on tensor cores under a register cap: each lane's last ``shared_fragments`` 16-byte chunks of its
     # second fragment row come through shared memory (cp.async), not registers (render_verify_mma)
     shared_fragments: int = 0
@@ -62,12 +65,14 @@ class LaunchConfig:
     def label(self) -> str:
         """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
         eager records, ``/p10`` for verify's rows per pass, ``/s8`` for shared rows, ``/w`` for write
-        records in registers and ``/f3`` for verify's shared fragments when set."""
+        records in registers, ``/v`` for the token's row fields in registers and ``/f3`` for verify's
+        shared fragments when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
                 + ("/e" if self.eager_records else "")
                 + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else "")
                 + (f"/s{self.shared_rows}" if self.shared_rows else "")
                 + ("/w" if self.register_writes else "")
+                + ("/v" if self.register_fields else "")
                 + (f"/f{self.shared_fragments}" if self.shared_fragments else ""))
 
     @classmethod
@@ -77,11 +82,11 @@ class LaunchConfig:
         match = _LABEL.fullmatch(label)
         try:
             if match is None:
-                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w, /fN in that order")
-            warps, rows, cap, eager, passes, shared, writes, fragments = match.groups()
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w, /v, /fN in that order")
+            warps, rows, cap, eager, passes, shared, writes, fields, fragments = match.groups()
             launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
                          verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0,
-                         register_writes=bool(writes), shared_fragments=int(fragments) if fragments else 0)
+                         register_writes=bool(writes), register_fields=bool(fields), shared_fragments=int(fragments) if fragments else 0)
             if launch.label != label:
                 raise ValueError(f"it reads as {launch.label!r}")
         except ValueError as exc:

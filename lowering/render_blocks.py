@@ -307,16 +307,44 @@ def stage_row_fields(decl, staged: dict | None = None, hoisted: tuple = ()) -> l
             + ["    } else {", "        " + " ".join(zeros), "    }", "}"])
 
 
-def row_field(decl, role: str) -> str | None:
-    return f"sh_{role}[j * BV + rr]" if role in decl.expressions() else None
+def register_row_fields(decl) -> list[str]:
+    """The replay step's row fields (one token) in registers (launch option ``register_fields``): the
+    lane that finishes row c + u of each group of ROWS_REDUCED rows (``rows_reduced_group``) loads that
+    row's fields into ``rf_<role>[c / ROWS_REDUCED]``, every other lane holds zeros. Issued where
+    ``stage_row_fields`` would run, so the loads fly through the head-level phases as the staging's do,
+    and the CTA needs no ``[BV]`` shared array per field."""
+    ex = decl.expressions()
+    r = ExprRenderer(decl, "r")
+    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
+    if not names:
+        return []
+    chunks = "(RPW + ROWS_REDUCED - 1) / ROWS_REDUCED"
+    stores = [f"rf_{role}[c / ROWS_REDUCED] = {'silu_f(' + name + ')' if role == 'gate' else name};"
+              for role, name in names.items()]
+    zeros = [f"rf_{role}[c / ROWS_REDUCED] = 0.f;" for role in names]
+    return ([f"float rf_{role}[{chunks}];  // this lane's rows' {role}s, by group" for role in names]
+            + ["{", "    constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);", "    const int u = lane / SUM_LANES;",
+               "    #pragma unroll", "    for (int c = 0; c < RPW; c += ROWS_REDUCED) {",
+               "        const int j = 0, rr = warp * RPW + c + u, row = v0 + rr;  (void)j;",
+               "        if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW && row < V) {"]
+            + ["            " + line for line in r.lines + stores]
+            + ["        } else {", "            " + " ".join(zeros), "        }", "    }", "}"])
 
 
-def epilogue(decl) -> list[str]:
+def row_field(decl, role: str, in_registers: bool = False) -> str | None:
+    """Row ``rr``'s field ``role`` of token j: its shared array, or (``in_registers``, the replay step's
+    rows in groups from ``c``) the finishing lane's register (``register_row_fields``)."""
+    if role not in decl.expressions():
+        return None
+    return f"rf_{role}[c / ROWS_REDUCED]" if in_registers else f"sh_{role}[j * BV + rr]"
+
+
+def epilogue(decl, in_registers: bool = False) -> list[str]:
     lines = []
     if row_field(decl, "skip"):
-        lines.append(f"o += {row_field(decl, 'skip')};")
+        lines.append(f"o += {row_field(decl, 'skip', in_registers)};")
     if row_field(decl, "gate"):
-        lines.append(f"o *= {row_field(decl, 'gate')};")
+        lines.append(f"o *= {row_field(decl, 'gate', in_registers)};")
     return lines
 
 
@@ -456,14 +484,18 @@ DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[
 
 
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
-                 writes: str = "static", folds: bool = True, row_copies: bool = False) -> list[str]:
+                 writes: str = "static", folds: bool = True, row_copies: bool = False,
+                 fields_in_registers: bool = False) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
     drafts (verify on tensor cores writes them as fragments of that many columns, ``sh_kd`` for delta
     rules only); ``writes``: the
     write records ``sh_w`` in static shared memory, in ``dynamic`` shared memory (which lets the
     static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers);
     ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``);
-    ``row_copies``: row inputs are copied into the row fields' arrays (``render_row_inputs``)."""
+    ``row_copies``: row inputs are copied into the row fields' arrays (``render_row_inputs``);
+    ``fields_in_registers``: the row fields live in registers (``register_row_fields``), no arrays.
+    The replay step's ``sh_ed`` is ``sh_q``: nothing reads the query after the scores' barrier, and the
+    fold writes ``sh_ed`` after the rows (KDA's static arrays: 512 bytes less per CTA)."""
     tn = "TMAX" if drafts else "1"
     tq = f"({tn} > {fragment_drafts} ? {tn} : {fragment_drafts})" if fragment_drafts else tn
     keys = "NREC" if replay else tn
@@ -482,6 +514,8 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
     if decl.decay_form == "scalar":
         lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":
-        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", "__shared__ float sh_ed[K];" if folds else ""] if replay else [
+        ed = ("float* const sh_ed = sh_q;  // [K]: the fold's e^{G_last}, after the scores (the last to read sh_q)"
+              if not drafts else "__shared__ float sh_ed[K];")
+        lines += ["__shared__ __align__(16) float sh_G[NREC * K];", ed if folds else ""] if replay else [
             f"__shared__ __align__(16) float sh_g[{tn} * K];"]
-    return [line for line in lines if line] + row_field_decls(decl, tn, aligned=row_copies)
+    return [line for line in lines if line] + ([] if fields_in_registers else row_field_decls(decl, tn, aligned=row_copies))

@@ -22,8 +22,8 @@ from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mm
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
-                            record_write_store, row_check_lines, row_field, row_loads, row_records, rows_reduced_group,
-                            shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
+                            record_write_store, register_row_fields, row_check_lines, row_field, row_loads, row_records,
+                            rows_reduced_group, shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
 from .render_records import load_records, record_decay_sums, records_ready
 from .render_row_inputs import stage_row_input_copies, staged_row_input_decls, staged_row_inputs
 
@@ -109,7 +109,7 @@ def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
 
 
 def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str, end: str, record_lane: str,
-                           keep_record: str | None, shared_rows: bool = False) -> list[str]:
+                           keep_record: str | None, shared_rows: bool = False, fields_in_registers: bool = False) -> list[str]:
     """One group of ``group`` rows (a C constant: ``ROWS_REDUCED`` or ``VERIFY_ROWS_REDUCED``; rows
     ``first`` + u while below ``end``) for token j, reduced together (``rows_reduced_group``): each
     row's output part (checkpoint and the records before the token) and, for delta rules, its key
@@ -118,8 +118,9 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
     lane l + 16. The token's write then goes to ``record_lane`` of each row's ``wv``, where later
     tokens and the fold read it: always when ``keep_record`` is None, when that C condition holds, or
     never when it is empty. With ``shared_rows`` the rows from RREG on come from shared memory
-    (``state_row``), the first RREG from the registers ``s``."""
-    value = row_field(decl, "value")
+    (``state_row``), the first RREG from the registers ``s``; with ``fields_in_registers`` the token's
+    row fields come from the finishing lane's registers (``register_row_fields``)."""
+    value = row_field(decl, "value", fields_in_registers)
     scores = [f"const float sq_lane = lane < {record_lane} ? sh_sq[j * NREC + lane] : 0.f;  // record lane's score, 0 past the records"]
     row = "rs" if shared_rows else "s[r]"
     fill_parts = (["float rs[KE];  // row r: the registers below RREG, shared memory from RREG on",
@@ -131,7 +132,8 @@ def _rows_reduced_together(decl, f: Facts, append_guard, group: str, first: str,
         write = [f"w = sh_beta[j] * ({value} - pk);"]
     else:
         write = [f"w = sh_beta[j] * {value};"]
-    finish = write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl) + [output_store(f)]
+    finish = (write + [f"float o = sum + w * sh_sq[j * NREC + {record_lane}];"] + epilogue(decl, fields_in_registers)
+              + [output_store(f)])
     if append_guard is not None:
         finish += guarded(append_guard, [record_write_store()])
     keep = ["#pragma unroll", f"for (int v = 0; v < {group}; ++v) {{",
@@ -157,12 +159,13 @@ def _replay_rows_drafts(decl, f: Facts, append_guard) -> list[str]:
             + ["            " + line for line in group] + ["        }", "    }", "}"])
 
 
-def _replay_rows(decl, f: Facts, append_guard, shared_rows: bool) -> list[str]:
+def _replay_rows(decl, f: Facts, append_guard, shared_rows: bool, fields_in_registers: bool) -> list[str]:
     """The rows' outputs and write records: one token, or drafts one after another."""
     if f.drafts:
         return _replay_rows_drafts(decl, f, append_guard)
     keep = "flush" if "fold_tokens" in f.stmts else ""  # only the fold reads the token's record
-    group = _rows_reduced_together(decl, f, append_guard, "ROWS_REDUCED", "c", "RPW", "n", keep, shared_rows)
+    group = _rows_reduced_together(decl, f, append_guard, "ROWS_REDUCED", "c", "RPW", "n", keep, shared_rows,
+                                   fields_in_registers)
     return (["#pragma unroll", "for (int c = 0; c < RPW; c += ROWS_REDUCED) {", "    const int j = 0;  // the one token"]
             + ["    " + line for line in group] + ["}"])
 
@@ -207,6 +210,15 @@ def _writes_in_registers(f: Facts, launch: LaunchConfig) -> bool:
     records fill it) for more CTAs or shared rows per SM, at the cost of RPW registers held through
     the head-level work."""
     return launch.register_writes and _is_replay_step(f)
+
+
+def _fields_in_registers(f: Facts, launch: LaunchConfig) -> bool:
+    """Whether the kernel of ``f`` loads its token's row fields into the registers of the lanes that
+    finish each row (``register_row_fields``) at ``launch`` (``register_fields``): the replay step, whose
+    rows reduce in groups of ROWS_REDUCED. Frees BV floats of static shared memory per field and CTA
+    (with ``sh_ed`` in ``sh_q``, the 768 bytes that KDA's ``8x16/r80/s12/w`` needs for 3 CTAs per SM), at
+    the cost of RPW / ROWS_REDUCED registers per field."""
+    return launch.register_fields and _is_replay_step(f)
 
 
 def _writes_in_dynamic_shared(f: Facts) -> bool:
@@ -265,13 +277,15 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     if refusal:
         raise LoweringError(refusal)
     writes_in_registers = _writes_in_registers(f, launch)
+    fields_in_registers = _fields_in_registers(f, launch)
     raw = raw_record_inputs(decl, program.config)  # record fields kept as the token's raw bf16 input
     writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
     assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
     # verify on tensor cores copies its row inputs to shared memory before the state rows (render_row_inputs)
     staged = staged_row_inputs(decl, program.shape.v_dim, launch.rows_per_cta) if tensor_cores else {}
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes,
-                                  folds="fold_tokens" in f.stmts, row_copies=bool(staged))
+                                  folds="fold_tokens" in f.stmts, row_copies=bool(staged),
+                                  fields_in_registers=fields_in_registers)
     body += staged_row_input_decls(decl, staged)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
         body += [DYNAMIC_SHARED,
@@ -293,8 +307,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         state += row_loads(checkpoint_row, "RREG")
     else:
         state += loads(checkpoint_row)
-    token_fields = (fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores)
-                    + ([] if staged else stage_row_fields(decl, hoisted=hoisted)))
+    row_fields = (register_row_fields(decl) if fields_in_registers else [] if staged
+                  else stage_row_fields(decl, hoisted=hoisted))
+    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores) + row_fields
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
@@ -354,7 +369,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += (shared_fragments_back(shared_fragments) if shared_fragments else []) + mma_verify_rows(decl, f, append_guard)
     else:
         body += [SHARED_ROWS_WAIT + "  // the shared rows have landed"] if shared_rows else []
-        body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows)
+        body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows, fields_in_registers)
     if "fold_tokens" in f.stmts:
         rows = "RREG" if shared_rows else "RPW"
         fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t", rows)

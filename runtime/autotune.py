@@ -59,7 +59,13 @@ GROUP_EXTRAS = {
                # same 384 rows with one register row fewer per warp
                LaunchConfig(8, 16, max_registers=80, shared_rows=10, register_writes=True),
                LaunchConfig(8, 16, max_registers=80, shared_rows=11, register_writes=True),
-               LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True)),
+               LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
+               # fewer register rows at the same 384 rows per SM (GDN builds clean to /s14, Mamba-2 at /s13/w);
+               # /s12/w/v: KDA's with the token's values in registers (sh_value gone, sh_ed in sh_q: 768 bytes
+               # under the 76,800 per CTA that 3 per SM need); 4x16/r96/s10: super's 320 rows, 2 register rows fewer
+               LaunchConfig(8, 16, max_registers=80, shared_rows=12, register_writes=True, register_fields=True),
+               LaunchConfig(8, 16, max_registers=80, shared_rows=13, register_writes=True),
+               LaunchConfig(4, 16, max_registers=96, shared_rows=10)),
     "verify": (LaunchConfig(4, 10, verify_rows_per_pass=10), LaunchConfig(8, 10, verify_rows_per_pass=10),
                LaunchConfig(4, 16, verify_rows_per_pass=16),
                # 8x8/r64 with half the rows per pass: the default 8 spill 4-16 bytes at nano, super and
@@ -141,7 +147,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 21
+TUNING_VERSION = 22
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -156,7 +162,9 @@ take ``8x16/r80/s11/w``; 15: the sources compile without warnings, and a key wit
 the fields kept raw; 16: verify may take ``5x16``; 17: verify's chain shortened; 18: verify on tensor
 cores copies its row inputs before the state rows; 19: and loads its first drafts' scalar inputs and
 the head's scalar parameters before them; 20: verify may run on tensor cores under a 96-register cap
-with shared fragments; 21: and keeps them in dynamic shared memory, which lets ``8x16/r80`` take them)."""
+with shared fragments; 21: and keeps them in dynamic shared memory, which lets ``8x16/r80`` take them;
+22: the replay step's ``sh_ed`` lies in ``sh_q``, and it may take ``8x16/r80/s12/w/v`` (its token's row
+fields in registers), ``8x16/r80/s13/w`` and ``4x16/r96/s10``)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:

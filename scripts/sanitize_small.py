@@ -51,6 +51,9 @@ if __name__ == "__main__":
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_rows=8, register_writes=True),
                        LaunchConfig(4, 4, eager_records=True, register_writes=True)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
+    for name in ("kda", "mamba2"):  # the token's row fields in registers (Mamba-2: value, skip, gate; KDA's sh_ed in sh_q)
+        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3),
+                 launch=LaunchConfig(8, 16, max_registers=80, shared_rows=12, register_writes=True, register_fields=True))
     for name in ("gdn", "mamba2"):  # verify under a register cap, its last fragment chunks through dynamic shared
         # memory after the write records; V = 60 in 64- and 128-row CTAs: the rows past V copy zeros
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_fragments=2),

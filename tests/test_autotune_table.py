@@ -197,8 +197,9 @@ def test_every_candidate_launch_is_named_by_its_label():
     """``LaunchConfig.from_label`` reads back every launch the tuner can pick, and any mix of options."""
     launches = set(autotune.CANDIDATES) | {launch for extras in autotune.GROUP_EXTRAS.values() for launch in extras}
     launches.add(LaunchConfig(16, 2, max_registers=72, eager_records=True, verify_rows_per_pass=2, shared_rows=1,
-                              register_writes=True))
+                              register_writes=True, register_fields=True))
     assert LaunchConfig.from_label("8x16/r80/s10/w").register_writes
+    assert LaunchConfig.from_label("8x16/r80/s12/w/v").register_fields
     for launch in launches:
         assert LaunchConfig.from_label(launch.label) == launch, launch.label
 
@@ -206,7 +207,7 @@ def test_every_candidate_launch_is_named_by_its_label():
 @pytest.mark.parametrize("bad", ["8", "8x", "x8", "8x8/r", "8x8/q4", "8x8/r64/r80", "8x8/e2", "8x8/p", "4x4/r6.5", "0x8",
                                  "8x0", "08x8", "8x8/r064", "8x8/r128", "8x8/p0", "8x8/p4/r64", "\u0664x8", "+8x8", " 8x8",
                                  "8x8/s0", "8x8/s8", "8x8/s4/r64", "8x8/s4/p4", "8x8/w/s4", "8x8/ww", "8x8/w1", "8x8/w/e",
-                                 "8x8/f0", "8x8/f", "8x8/f2/w", "8x8/f2/s4", "8x8/f02"])
+                                 "8x8/f0", "8x8/f", "8x8/f2/w", "8x8/f2/s4", "8x8/f02", "8x8/v/w", "8x8/vv", "8x8/f2/v"])
 def test_a_label_that_names_no_launch_is_refused(bad):
     with pytest.raises(ValueError, match=re.escape(f"launch label {bad!r}")):
         LaunchConfig.from_label(bad)

@@ -86,7 +86,9 @@ def test_verify_family_default_launch_compiles_without_spills(variant, shape):
 # for GDN, 16 B for Mamba-2, 8x16/r80/s11/w: 8 B for Mamba-2, and 4x16/r96/s8/w: 4 B for Mamba-2; verify
 # under a register cap with shared fragments, 4x16/r96/f2: 8 B for GDN, 12 B for Mamba-2 at V = 80, 20 B
 # for KDA; 4x16/r96/f4 and 5x16/r96/f4: 20 B for KDA; 8x16/r80/f6: 8 B for Mamba-2, 32 B for KDA;
-# 8x16/r80/f7: 4 B for GDN, 24 B for Mamba-2, 16 B for KDA): where they do, the tuner's group_spills
+# 8x16/r80/f7: 4 B for GDN, 24 B for Mamba-2, 16 B for KDA; the token's row fields in registers,
+# 8x16/r80/s12/w/v: 16 B for Mamba-2, whose three fields take 3 registers; 8x16/r80/s10/w: 8 B for KDA
+# since its sh_ed lies in sh_q, where /s11/w builds clean): where they do, the tuner's group_spills
 # rules them out for that group.
 OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn", "4x20/r96/s10"),
                           ("gdn", "8x16/r80/s8"), ("kda", "8x16/r80/s8"), ("mamba2", "8x16/r80/s8"), ("mamba2", "8x12/r80/s4"),
@@ -94,7 +96,8 @@ OPTIONS_THAT_MAY_SPILL = {("kda", "8x8/r64/p4"), ("mamba2", "8x8/r64/p4"), ("gdn
                           ("mamba2", "8x16/r80/s10/w"), ("mamba2", "8x16/r80/s11/w"), ("mamba2", "4x16/r96/s8/w"),
                           ("gdn", "4x16/r96/f2"), ("mamba2", "4x16/r96/f2"), ("kda", "4x16/r96/f2"), ("kda", "4x16/r96/f4"),
                           ("kda", "5x16/r96/f4"), ("mamba2", "8x16/r80/f6"), ("kda", "8x16/r80/f6"), ("gdn", "8x16/r80/f7"),
-                          ("mamba2", "8x16/r80/f7"), ("kda", "8x16/r80/f7")}
+                          ("mamba2", "8x16/r80/f7"), ("kda", "8x16/r80/f7"), ("mamba2", "8x16/r80/s12/w/v"),
+                          ("kda", "8x16/r80/s10/w")}
 
 
 @pytest.mark.nvrtc
@@ -392,6 +395,45 @@ def test_register_writes_change_the_replay_step_alone(variant, launch):
             assert "wv[r] = lane < n ? wv[r] : 0.f;" in in_registers
         else:
             assert in_registers == without, kernel.name
+
+
+@pytest.mark.parametrize("variant", ["gdn", "kda", "mamba2"])
+def test_register_fields_change_the_replay_step_alone(variant):
+    """``/v``: the replay step loads its token's row fields (value; Mamba-2's skip and gate too) into
+    the registers of the lanes that finish each row, where the rows read them, and declares no shared
+    array for them; every other kernel renders as at the same launch without it."""
+    import dataclasses
+
+    from replayssm_dsl.lowering.render_cuda import render_kernel
+    shape = {"gdn": "qwen3.5-4b", "kda": "kimi-linear", "mamba2": "nemotron-nano-4b"}[variant]
+    program = lower(variants.get(variant), SHAPES[shape], ReplayConfig())
+    launch = LaunchConfig(8, 16, max_registers=80, shared_rows=12, register_writes=True, register_fields=True)
+    roles = ["value", "skip", "gate"] if variant == "mamba2" else ["value"]
+    for kernel in program.kernels:
+        in_registers = render_kernel(kernel, program, launch)
+        without = render_kernel(kernel, program, dataclasses.replace(launch, register_fields=False))
+        if kernel.name != "replay_step":
+            assert in_registers == without, kernel.name
+            continue
+        for role in roles:
+            assert f"sh_{role}" not in in_registers and f"__shared__ float sh_{role}[1 * BV];" in without
+            assert f"float rf_{role}[(RPW + ROWS_REDUCED - 1) / ROWS_REDUCED];" in in_registers
+            # loaded before the head-level phases' barriers, read by the lane that finishes the row
+            assert in_registers.index(f"rf_{role}[c / ROWS_REDUCED] = ") < in_registers.index("cp_async_wait();\n    __syncthreads();")
+        assert "(rf_value[c / ROWS_REDUCED] - pk)" in in_registers or "sh_beta[j] * rf_value[c / ROWS_REDUCED]" in in_registers
+
+
+def test_the_replay_steps_fold_decays_lie_in_the_query_after_the_scores():
+    """A decay vector's fold scale ``sh_ed`` (the replay step's) is ``sh_q``: the scores read the query
+    last, a barrier before the rows, and the fold writes ``sh_ed`` after the rows; the flush kernels keep
+    an array of their own."""
+    from replayssm_dsl.lowering.render_cuda import render_kernel
+    program = lower(variants.get("kda"), SHAPES["kimi-linear"], ReplayConfig())
+    step = render_kernel(program.kernel("replay_step"), program, LaunchConfig(8, 16))
+    assert "float* const sh_ed = sh_q;" in step and "__shared__ float sh_ed[K];" not in step
+    last_query_read = step.rindex("sh_q[")
+    assert step.index("__syncthreads();", last_query_read) < step.index("sh_ed[e] = ")
+    assert "__shared__ float sh_ed[K];" in render_kernel(program.kernel("flush"), program, LaunchConfig(8, 16))
 
 
 @pytest.mark.nvrtc

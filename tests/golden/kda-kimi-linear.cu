@@ -919,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     __shared__ float sh_sq[1 * NREC];
     __shared__ float sh_sk[1 * NREC];
     __shared__ __align__(16) float sh_G[NREC * K];
-    __shared__ float sh_ed[K];
+    float* const sh_ed = sh_q;  // [K]: the fold's e^{G_last}, after the scores (the last to read sh_q)
     __shared__ float sh_value[1 * BV];
     if (warp == 0 % WARPS && lane * 32 < K) prefetch_l1(tok_q + ((size_t)b * t_tok * H + hk) * K + lane * 32);
     if (warp == 1 % WARPS && lane * 32 < K) prefetch_l1(tok_k + ((size_t)b * t_tok * H + hk) * K + lane * 32);
