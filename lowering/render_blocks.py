@@ -282,6 +282,16 @@ def row_field_decls(decl, tn: str, aligned: bool = False) -> list[str]:
     return [f"__shared__ {align}float sh_{role}[{tn} * BV];" for role in roles]
 
 
+def _field_value(role: str, name: str) -> str:
+    """A row field from its rendered expression ``name``: the gate's is silu of it."""
+    return f"silu_f({name})" if role == "gate" else name
+
+
+def _finishes_row(group: str, first: str, end: str) -> str:
+    """The C condition that this lane finishes row ``first`` + u of a group (``rows_reduced_group``)."""
+    return f"lane % SUM_LANES == 0 && u < {group} && {first} + u < {end}"
+
+
 def stage_row_fields(decl, staged: dict | None = None, hoisted: tuple = ()) -> list[str]:
     """Row-level fields (value, skip, silu(gate)) of tokens j < t at the CTA's rows, into shared memory:
     coalesced loads by every thread, so the row loop never waits on a token load. Thread THREADS - 1
@@ -298,7 +308,7 @@ def stage_row_fields(decl, staged: dict | None = None, hoisted: tuple = ()) -> l
              if role in ex and (role == "gate" or f"sh_{role}" not in staged.values())}
     if not names:
         return []
-    stores = [f"sh_{role}[x] = {'silu_f(' + name + ')' if role == 'gate' else name};" for role, name in names.items()]
+    stores = [f"sh_{role}[x] = {_field_value(role, name)};" for role, name in names.items()]
     zeros = [f"sh_{role}[x] = 0.f;" for role in names]
     first = ("for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs" if staged
              else "for (int x = THREADS - 1 - tid; x < t * BV; x += THREADS) {")
@@ -319,14 +329,13 @@ def register_row_fields(decl) -> list[str]:
     if not names:
         return []
     chunks = "(RPW + ROWS_REDUCED - 1) / ROWS_REDUCED"
-    stores = [f"rf_{role}[c / ROWS_REDUCED] = {'silu_f(' + name + ')' if role == 'gate' else name};"
-              for role, name in names.items()]
+    stores = [f"rf_{role}[c / ROWS_REDUCED] = {_field_value(role, name)};" for role, name in names.items()]
     zeros = [f"rf_{role}[c / ROWS_REDUCED] = 0.f;" for role in names]
     return ([f"float rf_{role}[{chunks}];  // this lane's rows' {role}s, by group" for role in names]
             + ["{", "    constexpr int SUM_LANES = 32 / (PARTS * ROWS_REDUCED);", "    const int u = lane / SUM_LANES;",
                "    #pragma unroll", "    for (int c = 0; c < RPW; c += ROWS_REDUCED) {",
                "        const int j = 0, rr = warp * RPW + c + u, row = v0 + rr;  (void)j;",
-               "        if (lane % SUM_LANES == 0 && u < ROWS_REDUCED && c + u < RPW && row < V) {"]
+               f"        if ({_finishes_row('ROWS_REDUCED', 'c', 'RPW')} && row < V) {{"]
             + ["            " + line for line in r.lines + stores]
             + ["        } else {", "            " + " ".join(zeros), "        }", "    }", "}"])
 
@@ -453,7 +462,7 @@ def rows_reduced_group(decl, group: str, first: str, end: str, parts: list[str],
             + (["const float pk = __shfl_xor_sync(0xffffffffu, sum, 16);  // lane l < 16: its row's key projection"]
                if decl.is_delta else [])
             + [f"const int u = lane / SUM_LANES, rr = warp * RPW + {first} + u, row = v0 + rr;", "float w = 0.f;",
-               f"if (lane % SUM_LANES == 0 && u < {group} && {first} + u < {end}) {{  // the lane that finishes row {first} + u"]
+               f"if ({_finishes_row(group, first, end)}) {{  // the lane that finishes row {first} + u"]
             + ["    " + line for line in finish] + ["}"])
 
 
