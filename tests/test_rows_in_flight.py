@@ -33,14 +33,16 @@ def test_shared_rows_hold_more_rows_per_sm_where_shared_memory_allows():
 
 @pytest.mark.nvrtc
 def test_write_records_in_registers_leave_kda_room_for_more_rows():
-    """KDA's records fill shared memory: with its write records in registers (``/w``) 8x16/r80/s10 holds
-    3 CTAs per SM (384 rows) against 2 with them staged, and builds clean."""
+    """KDA's records fill shared memory: with its write records in registers (``/w``) 8x16/r80/s11 holds
+    3 CTAs per SM (384 rows) against 2 with them staged; one shared row more per warp (``/s12/w``) is
+    2 again until the token's values go into registers too (``/v``), and both of those build clean."""
     script = load_script("rows_in_flight")
-    rows = {row["launch"]: row for row in script.report("kimi-linear", ["8x16/r80/s10", "8x16/r80/s10/w"])}
-    staged, in_registers = rows["8x16/r80/s10"], rows["8x16/r80/s10/w"]
-    assert staged["rows_per_sm"] == 256 and in_registers["rows_per_sm"] == 384
-    assert in_registers["resources"].shared_bytes < staged["resources"].shared_bytes
-    assert in_registers["resources"].clean
+    labels = ["8x16/r80/s11", "8x16/r80/s11/w", "8x16/r80/s12/w", "8x16/r80/s12/w/v"]
+    rows = {row["launch"]: row for row in script.report("kimi-linear", labels)}
+    assert [rows[label]["rows_per_sm"] for label in labels] == [256, 384, 256, 384]
+    staged, in_registers, fields = rows["8x16/r80/s11"], rows["8x16/r80/s11/w"], rows["8x16/r80/s12/w/v"]
+    assert fields["resources"].shared_bytes < in_registers["resources"].shared_bytes < staged["resources"].shared_bytes
+    assert in_registers["resources"].clean and fields["resources"].clean
 
 
 @pytest.mark.nvrtc
