@@ -101,8 +101,8 @@ CUMULATE_IN_SCORES = """    for (int e = tid; e < K; e += THREADS) {  // the cum
 # Timed at a7ecd20 (kimi, B = 256, 8x16/r80/s11/w): 0.1846 ms against the base's 0.1801, so not adopted
 # (docs/performance.md, "Next steps"); kept to re-measure when the step changes.
 FUSED_CUMULATE_EDITS = [  # KDA's replay step (t = 1, a decay vector, the delta rule, float32 records)
-    ("    __shared__ float sh_ed[K];\n",
-     "    __shared__ float sh_ed[K];\n    __shared__ __align__(16) float sh_qx[K];\n    __shared__ __align__(16) float sh_kx[K];\n"),
+    ("    __shared__ __align__(16) float sh_G[NREC * K];\n",
+     "    __shared__ __align__(16) float sh_G[NREC * K];\n    __shared__ __align__(16) float sh_qx[K];\n    __shared__ __align__(16) float sh_kx[K];\n"),
     (CUMULATE, CUMULATE_IN_SCORES),
     ("const float kd = sh_key[rec * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);",
      "const float kd = rec == n ? tk[c] : sh_key[rec * K + e] * expf(gn[c] - sh_G[(rec) * K + e]);"),
