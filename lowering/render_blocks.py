@@ -275,9 +275,14 @@ def _fields_per_token(decl, vector_fields, scalar_fields, replay: bool, hoisted:
 ROW_FIELDS = ("value", "skip", "gate")
 
 
+def row_field_roles(decl) -> list[str]:
+    """The row-level fields (of ``ROW_FIELDS``) that ``decl`` has."""
+    return [role for role in ROW_FIELDS if role in decl.expressions()]
+
+
 def row_field_decls(decl, tn: str, aligned: bool = False) -> list[str]:
     """The row fields' arrays ``[tn, BV]``; ``aligned``: 16-byte aligned, for copies into them."""
-    roles = [role for role in ROW_FIELDS if role in decl.expressions()]
+    roles = row_field_roles(decl)
     align = "__align__(16) " if aligned else ""
     return [f"__shared__ {align}float sh_{role}[{tn} * BV];" for role in roles]
 
@@ -304,8 +309,8 @@ def stage_row_fields(decl, staged: dict | None = None, hoisted: tuple = ()) -> l
     staged = staged or {}
     r = ExprRenderer(decl, "r", hoisted, staged=staged)
     # a copy's own target is the field, but for the gate: silu(gate) replaces its copy in place
-    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS
-             if role in ex and (role == "gate" or f"sh_{role}" not in staged.values())}
+    names = {role: r.render(ex[role], "V") for role in row_field_roles(decl)
+             if role == "gate" or f"sh_{role}" not in staged.values()}
     if not names:
         return []
     stores = [f"sh_{role}[x] = {_field_value(role, name)};" for role, name in names.items()]
@@ -325,7 +330,7 @@ def register_row_fields(decl) -> list[str]:
     and the CTA needs no ``[BV]`` shared array per field."""
     ex = decl.expressions()
     r = ExprRenderer(decl, "r")
-    names = {role: r.render(ex[role], "V") for role in ROW_FIELDS if role in ex}
+    names = {role: r.render(ex[role], "V") for role in row_field_roles(decl)}
     if not names:
         return []
     chunks = "(RPW + ROWS_REDUCED - 1) / ROWS_REDUCED"

@@ -44,10 +44,21 @@ def shared_fragments_refusal(program, launch) -> str | None:
     return None
 
 
+def _fragment_chunk(fragment: str) -> str:
+    """Chunk m of a fragment row (``fragment``, indexed by element) from the float4 ``x``."""
+    f = fragment
+    return f"{f}[4 * m] = x.x; {f}[4 * m + 1] = x.y; {f}[4 * m + 2] = x.z; {f}[4 * m + 3] = x.w;"
+
+
+def _first_shared_chunk(shared: int) -> str:
+    """The first of a lane's chunks (of its second fragment row) that go through shared memory: the last ``shared``."""
+    return f"K / 16 - {shared}"
+
+
 def mma_state_loads(state_expr: str, shared: int = 0) -> list[str]:
     """Every state load of the warp first, in fragment order (rows past V or past the warp's rows: zeros),
     but the ``shared`` chunks that ``shared_fragment_copies`` moves through shared memory instead."""
-    skip = ([f"            if (mt == MT - 1 && h == 1 && m >= K / 16 - {shared}) continue;  // through shared memory"]
+    skip = ([f"            if (mt == MT - 1 && h == 1 && m >= {_first_shared_chunk(shared)}) continue;  // through shared memory"]
             if shared else [])
     return [
         "constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp",
@@ -64,7 +75,7 @@ def mma_state_loads(state_expr: str, shared: int = 0) -> list[str]:
         *skip,
         f"            const float4 x = live ? *reinterpret_cast<const float4*>({state_expr} + 4 * (quad + 4 * m))",
         "                                  : make_float4(0.f, 0.f, 0.f, 0.f);",
-        "            sm[mt][h][4 * m] = x.x; sm[mt][h][4 * m + 1] = x.y; sm[mt][h][4 * m + 2] = x.z; sm[mt][h][4 * m + 3] = x.w;",
+        "            " + _fragment_chunk("sm[mt][h]"),
         "        }",
         "    }",
         "}",
@@ -100,7 +111,7 @@ def shared_fragment_copies(state_expr: str, shared: int) -> list[str]:
         "    const bool live = 16 * (MT - 1) + 8 < RPW && rw < RPW && row < V;",
         "    #pragma unroll",
         f"    for (int c = 0; c < {shared}; ++c) {{",
-        f"        const int m = K / 16 - {shared} + c;",
+        f"        const int m = {_first_shared_chunk(shared)} + c;",
         f"        cp_async16_zfill(&sh_fragments[c * THREADS + tid], live ? {state_expr} + 4 * (quad + 4 * m) : checkpoint, live);",
         "    }",
         "}",
@@ -115,9 +126,9 @@ def shared_fragments_back(shared: int) -> list[str]:
         "cp_async_wait();  // the shared fragments (this thread's own copies: no barrier needed)",
         "#pragma unroll",
         f"for (int c = 0; c < {shared}; ++c) {{",
-        f"    const int m = K / 16 - {shared} + c;",
+        f"    const int m = {_first_shared_chunk(shared)} + c;",
         "    const float4 x = sh_fragments[c * THREADS + tid];",
-        "    sm[MT - 1][1][4 * m] = x.x; sm[MT - 1][1][4 * m + 1] = x.y; sm[MT - 1][1][4 * m + 2] = x.z; sm[MT - 1][1][4 * m + 3] = x.w;",
+        "    " + _fragment_chunk("sm[MT - 1][1]"),
         "}",
     ]
 
