@@ -99,7 +99,7 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
             timed[way] = (_median_ms(cp, launch, reps), mode)
     if not timed:
         return None, "fla call failed: " + "; ".join(failures)
-    return fastest_layout(timed)
+    return fastest_way(timed)
 
 
 def _torch_graphs(torch, call, sets: int):
@@ -122,7 +122,7 @@ def _torch_graphs(torch, call, sets: int):
     return (lambda i: graphs[i % sets].replay()), "graph"
 
 
-def fastest_layout(timed: dict) -> tuple[float, str]:
+def fastest_way(timed: dict) -> tuple[float, str]:
     """``timed``: way (a layout, or a layout in place) -> (ms, how it ran). The fastest way's ms, and a
     mode naming how it ran, its way and the others' times."""
     best = min(timed, key=lambda way: timed[way][0])

@@ -242,25 +242,26 @@ def test_traffic_command_lists_tokens_outputs_and_verify_over_the_mixed_fills(ca
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_fla_is_reported_in_its_faster_layout(seed):
-    """FLA is timed with its state in each of its layouts; the faster one is the baseline, and the
-    mode names it and the other's time (fresh random times, either order)."""
-    from replayssm_dsl.runtime.bench_fla import FLA_LAYOUTS, fastest_layout
+def test_fla_is_reported_in_its_fastest_way(seed):
+    """FLA is timed every way it runs (KDA: each layout, through the public function and in place); the
+    fastest is the baseline, and the mode names it and the others' times (fresh random times)."""
+    from replayssm_dsl.runtime.bench_fla import fastest_way, fla_ways
     rng = np.random.default_rng(seed)
-    times = rng.uniform(0.1, 1.0, len(FLA_LAYOUTS))
-    timed = {layout: (float(ms), "graph") for layout, ms in zip(FLA_LAYOUTS, times)}
-    ms, mode = fastest_layout(timed)
-    best = min(timed, key=lambda layout: timed[layout][0])
+    ways = fla_ways("kda")
+    times = rng.uniform(0.1, 1.0, len(ways))
+    timed = {way: (float(ms), "graph") for way, ms in zip(ways, times)}
+    ms, mode = fastest_way(timed)
+    best = min(timed, key=lambda way: timed[way][0])
     assert ms == min(times)
     assert mode.startswith(f"graph, state {best} (faster than ")
-    for layout, (other, _) in timed.items():
-        if layout != best:
-            assert f"{layout} {other:.4f} ms" in mode
+    for way, (other, _) in timed.items():
+        if way != best:
+            assert f"{way} {other:.4f} ms" in mode
 
 
-def test_fla_with_one_layout_names_no_other():
-    from replayssm_dsl.runtime.bench_fla import fastest_layout
-    assert fastest_layout({"[K, V]": (0.25, "eager (RuntimeError)")}) == (0.25, "eager (RuntimeError), state [K, V]")
+def test_fla_with_one_way_names_no_other():
+    from replayssm_dsl.runtime.bench_fla import fastest_way
+    assert fastest_way({"[K, V]": (0.25, "eager (RuntimeError)")}) == (0.25, "eager (RuntimeError), state [K, V]")
 
 
 def test_table_gives_every_ratio_of_the_kernels_timed():
