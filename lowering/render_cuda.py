@@ -24,10 +24,11 @@ from replayssm_dsl.errors import LoweringError
 from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced, write_record_layout
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
-                            epilogue, facts, fields, fill_lines, fold_keys, fold_rows, ids, row_field, row_loads, row_records, rows_reduced_group, shared_decls,
-                            stage_row_fields, store_rows, token_prefetch)
+                            facts, fields, fill_lines, fold_keys, fold_rows, ids, row_loads, row_records, rows_reduced_group, shared_decls,
+                            store_rows, token_prefetch)
 from .record_inputs import raw_record_inputs
 from .render_records import load_records, records_ready
+from .render_row_fields import epilogue, row_field, stage_row_fields
 from .render_replay import render_replay
 
 COMMON_HEADER = Path(__file__).with_name("cuda") / "replay_common.cuh"

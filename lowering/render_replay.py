@@ -20,11 +20,12 @@ from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
                                 shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, epilogue, facts, fields, first_draft_loads,
+from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
-                            record_write_store, register_row_fields, row_check_lines, row_field, row_loads, row_records,
-                            rows_reduced_group, shared_decls, shared_page_lines, stage_row_fields, state_page_lines, store_rows, token_prefetch)
+                            record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
+                            shared_page_lines, state_page_lines, store_rows, token_prefetch)
 from .render_records import load_records, record_decay_sums, records_ready
+from .render_row_fields import epilogue, register_row_fields, row_field, stage_row_fields
 from .render_row_inputs import stage_row_input_copies, staged_row_input_decls, staged_row_inputs
 
 

@@ -17,7 +17,8 @@ T = 8, B = 256): 0.964× (qwen3.5-4b), 0.970× (kimi), 0.924× (nemotron-nano-4b
 
 from __future__ import annotations
 
-from .render_blocks import ROW_FIELDS, inputs_read
+from .render_blocks import inputs_read
+from .render_row_fields import ROW_FIELDS
 
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 _C_TYPES = {"float32": "float", "bfloat16": "unsigned short"}  # bf16 inputs: raw bits, widened where read

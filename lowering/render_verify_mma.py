@@ -18,7 +18,8 @@ are tensor-core products too (``mma_scores``).
 from __future__ import annotations
 
 from .launch import FRAGMENT_DRAFTS, verify_fits_tensor_cores
-from .render_blocks import Facts, epilogue, guarded, output_store, record_write_store, row_field
+from .render_blocks import Facts, guarded, output_store, record_write_store
+from .render_row_fields import epilogue, row_field
 
 LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
 
