@@ -227,6 +227,38 @@ def _arrival_after_first_barrier(text: str) -> str:
 
 
 VARIANTS["fill loaded, arrival after the first barrier"] = [in_kernel("replay_step", _arrival_after_first_barrier)]
+IDS = "    const int src = src_page[b], dst = dst_page[b];\n"
+FILL_DECL = "    __shared__ unsigned int sh_fill_word;\n"
+
+
+def _fill_by_row_atomic(text: str) -> str:
+    """The fill word addressed by the batch row (``fill + b``), its atomic issued with the row's first
+    loads, before the slot's check: the same word as ``fill + slot`` in the benchmark's batches (slot b
+    in row b, no null rows), so the results are right there and the records' staging no longer waits
+    for the slot's load before the fill's round trip starts (timing only: a padded row would arrive)."""
+    if IDS not in text or FILL_DECL + ARRIVE not in text:
+        raise SystemExit("variant edit does not apply: fill by row")
+    arrive = ARRIVE.replace("(fill) + slot)", "(fill) + b)")
+    text = text.replace(FILL_DECL + ARRIVE, "", 1)
+    return text.replace(IDS, IDS + FILL_DECL + arrive, 1)
+
+
+def _fill_by_row_loaded(text: str) -> str:
+    """A bound for a fill passed with the batch (one word per row, read by every thread with the row's
+    first loads): no atomic, no barrier before the records' staging; the first row's CTA sets the next
+    fill at its end (racing the others' reads only where a row's CTAs do not start together)."""
+    check = FILL_CHECK.search(text)
+    if IDS not in text or ARRIVE not in text or check is None or LAST_ARRIVAL not in text:
+        raise SystemExit("variant edit does not apply: fill by row, loaded")
+    text = text.replace(ARRIVE, "", 1).replace(
+        IDS, IDS + "    const int fill_row = (int)(__ldcg(reinterpret_cast<const unsigned int*>(fill) + b) & FILL_MASK);\n", 1)
+    stop = check.group("stop").strip()
+    text = FILL_CHECK.sub(lambda _: f"    int n = fill_row;\n    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    return text.replace(LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(", 1)
+
+
+VARIANTS["fill by row, one atomic (slot b in row b)"] = [in_kernel("replay_step", _fill_by_row_atomic)]
+VARIANTS["fill by row, loaded, no barrier (bound)"] = [in_kernel("replay_step", _fill_by_row_loaded)]
 VARIANTS["plain fill load (bound)"] = PLAIN_FILL
 VARIANTS["records not staged (bound)"] = NO_RECORDS
 VARIANTS["no head-level phases (bound)"] = NO_HEAD_PHASES
