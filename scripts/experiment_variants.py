@@ -257,6 +257,41 @@ def _fill_by_row_loaded(text: str) -> str:
     return text.replace(LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(", 1)
 
 
+def _fill_loaded_arrival_at_rows(text: str) -> str:
+    """A correct kernel: every thread reads the fill word with a relaxed load of its own (the slot's
+    check before it), so no atomic and no barrier stand between the slot and the records' staging;
+    thread 0 counts the CTA after the rows' barrier (every thread of the CTA has used its read by then)
+    and keeps the count in a register to the end, where the row's last arrival writes the next fill as
+    before. A fill out of range leaves before the CTA has arrived: nothing to take back."""
+    check = FILL_CHECK.search(text)
+    appends = text.find(APPENDS)
+    rows = text.find(BARRIER, appends)
+    if check is None or appends < 0 or rows < 0 or ARRIVE not in text or LAST_ARRIVAL not in text:
+        raise SystemExit("variant edit does not apply: fill loaded, arrival at the rows")
+    at = rows + len(BARRIER)
+    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+            + text[at:])
+    text = text.replace(ARRIVE, "    unsigned int fill_seen;  // every thread: the word as the last launch left it (its low bits)\n"
+                        "    asm(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n", 1)
+    stop = check.group("stop").strip()
+    text = FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
+                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    return text.replace(LAST_ARRIVAL, LAST_ARRIVAL.replace("sh_fill_word", "arrival"), 1)
+
+
+VARIANTS["fill loaded, arrival at the rows"] = [in_kernel("replay_step", _fill_loaded_arrival_at_rows)]
+
+
+def _fill_loaded_arrival_in_shared(text: str) -> str:
+    """As "fill loaded, arrival at the rows", with thread 0's count in shared memory (``sh_fill_word``)
+    rather than a register held through the rows (which spills 8-12 bytes at some tuned launches)."""
+    text = _fill_loaded_arrival_at_rows(text)
+    held = "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+    text = text.replace(held, "    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n", 1)
+    return text.replace("(arrival >> FILL_BITS)", "(sh_fill_word >> FILL_BITS)", 1)
+
+
+VARIANTS["fill loaded, arrival at the rows, in shared"] = [in_kernel("replay_step", _fill_loaded_arrival_in_shared)]
 VARIANTS["fill by row, one atomic (slot b in row b)"] = [in_kernel("replay_step", _fill_by_row_atomic)]
 VARIANTS["fill by row, loaded, no barrier (bound)"] = [in_kernel("replay_step", _fill_by_row_loaded)]
 VARIANTS["plain fill load (bound)"] = PLAIN_FILL
