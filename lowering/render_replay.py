@@ -329,7 +329,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         assert not tensor_cores, "verify's fields on tensor cores write at the fill: n is known before them"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
-        body += ((_read_fill() if moves_fill else []) + state
+        body += (state
                  + guarded("EAGER_RECORDS", load_records(decl, raw, "CAPACITY", writes_in_registers)))
         # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
         stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
@@ -384,19 +384,14 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
 
 def _fill_from_read(f: Facts, stop: str) -> list[str]:
     """The fill update inside the step (no second launch): every thread reads the slot's fill word
-    itself, before the state rows' loads are issued (``_read_fill``: no atomic, no barrier before
-    the records' staging), and the CTA adds its share of the step to the word at its end (``_count_rows``), so the
+    itself, once the state rows' loads are issued (no atomic, no barrier before the records'
+    staging), and the CTA adds its share of the step to the word at its end (``_count_rows``), so the
     next launch reads the next fill (``fill_of_word`` in replay_common.cuh; the rule in
     buffer_rules.fills_of_words). A fill out of range (a corrupt word: no kernel writes one) stops
     the row, once ``stop`` has waited for its asynchronous copies; it has counted nothing. Slots must
     be unique within a batch (the host checks; device batches must too)."""
-    return ["int n = fill_read;", f"if ({FILL_UNHELD}) {{ {stop} return; }}"] + flush_rule_lines(f)
-
-
-def _read_fill() -> list[str]:
-    """The fill word's read, issued before the state rows' loads (behind them it waits for the CTA's
-    state bytes): see ``_fill_from_read``."""
-    return ["const int fill_read = read_fill(fill + slot);  // every thread: the fill the launches before left"]
+    return ["int n = read_fill(fill + slot);  // every thread: the fill the launches before left",
+            f"if ({FILL_UNHELD}) {{ {stop} return; }}"] + flush_rule_lines(f)
 
 
 def _count_rows(value: str) -> list[str]:

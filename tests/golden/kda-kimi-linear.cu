@@ -948,7 +948,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
     if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    const int fill_read = read_fill(fill + slot);  // every thread: the fill the launches before left
     int page = src;
     float s[RPW][KE];
     #pragma unroll
@@ -965,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         stage_floats<VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, CAPACITY * K, tid);
         stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, CAPACITY, v0, tid);
     }
-    int n = fill_read;
+    int n = read_fill(fill + slot);  // every thread: the fill the launches before left
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + 1 >= WINDOW;
     if (!EAGER_RECORDS) {
