@@ -321,36 +321,6 @@ def test_gpu_rows_outside_the_cache_touch_nothing(name):
             assert np.array_equal(cache.fills(), fills_of_words(to_host(before["fill"]), config.window))
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
-def test_gpu_fill_words_count_steps_and_verify_reads_them_prepared(name):
-    """The replay step leaves each slot's fill word counting its steps (whole steps only: the CTAs'
-    shares add up), read back as the twin's fills; verify launched without flush_for_verify finds a
-    word with a count and touches nothing (its output stays poisoned), and after flush_for_verify
-    the word is the plain fill and verify matches the twin."""
-    import cupy as cp
-    from replayssm_dsl.lowering.launch import LaunchConfig
-    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=29, launch=LaunchConfig.from_label("4x4"))
-    batch = _device_batch(cp, [0, 1], [0, 1], [0, 1])
-    for _ in range(3):
-        toks = {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (2,)).items()}
-        cache.launch_step(batch, {k: cp.asarray(v[:, None]) for k, v in toks.items()},
-                          cp.full((2, 1, shape.heads, shape.v_dim), np.nan, cp.float32))
-        twin.step([0, 1], toks)
-    words = to_host(cache.buffers["fill"])
-    assert (words >> 32).tolist() == [3, 3] and not (words >> 16 & 0xFFFF).any()
-    assert np.array_equal(cache.fills(), twin.fills())
-    t = config.max_drafts
-    host_drafts = {k: v.astype(np.float32) for k, v in random_tokens(decl, shape, rng, (2, t)).items()}
-    drafts = {k: cp.asarray(v) for k, v in host_drafts.items()}
-    out = cp.full((2, t, shape.heads, shape.v_dim), np.nan, cp.float32)
-    vbatch = dict(batch, drafts=cp.full(2, t, cp.int32))
-    cache._launch("verify", 2, vbatch, cache._launch_tokens_as_read(drafts), out=out)
-    assert bool(cp.isnan(out).all()), "verify read a fill word that flush_for_verify had not prepared"
-    cache.launch_verify(vbatch, drafts, out)
-    assert not (to_host(cache.buffers["fill"]) >> 16).any()
-    assert_close(out, twin.verify([0, 1], host_drafts, [t, t]), FP32_TOL, "verify after flush_for_verify")
-
-
 @pytest.mark.parametrize("label", [None, "4x16/r96/s8", "4x16/r96/s8/w"], ids=["registers", "shared-rows", "register-writes"])
 @pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
 def test_gpu_a_fill_no_kernel_writes_touches_nothing(name, label):
