@@ -79,8 +79,6 @@ def _render_recur(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
 def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     decl = program.declaration
     body = ids(f) + fill_lines(f)
-    if f.drafts:  # flush_for_verify: verify, next, reads the word plainly (the same fill; fill_reader)
-        body.append("if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) fill[slot] = n;")
     guard = f.guards.get("fold", "")
     if guard:
         body.append(f"if (!({guard})) return;")

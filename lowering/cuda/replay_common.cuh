@@ -264,13 +264,6 @@ __device__ __forceinline__ int fill_of_word(long long word) {
     return word < 0 ? -1 : fill_after_steps((int)(word & FILL_MASK), (unsigned int)(word >> (FILL_BITS + STEP_BITS)));
 }
 __device__ __forceinline__ int read_fill(const long long* word) { return fill_of_word(__ldcg(word)); }
-// verify's read: flush_for_verify, launched just before it, leaves the word with no count (the same
-// fill, written plainly: a value its other CTAs may read too), so a word with a count is one verify
-// was not prepared for and reads as corrupt (the row touches nothing).
-__device__ __forceinline__ int read_plain_fill(const long long* word) {
-    const long long w = __ldcg(word);
-    return (w >> FILL_BITS) != 0 ? -1 : (int)w;
-}
 // A replay-step CTA's share of one step: STEP_SHARE per state row it holds, and the step's remainder
 // to the CTA that holds the last row (head HV - 1, the last V-tile): buffer_rules.step_share.
 #define STEP_SHARE ((1u << STEP_BITS) / (V * HV))

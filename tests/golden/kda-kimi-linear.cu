@@ -311,13 +311,6 @@ __device__ __forceinline__ int fill_of_word(long long word) {
     return word < 0 ? -1 : fill_after_steps((int)(word & FILL_MASK), (unsigned int)(word >> (FILL_BITS + STEP_BITS)));
 }
 __device__ __forceinline__ int read_fill(const long long* word) { return fill_of_word(__ldcg(word)); }
-// verify's read: flush_for_verify, launched just before it, leaves the word with no count (the same
-// fill, written plainly: a value its other CTAs may read too), so a word with a count is one verify
-// was not prepared for and reads as corrupt (the row touches nothing).
-__device__ __forceinline__ int read_plain_fill(const long long* word) {
-    const long long w = __ldcg(word);
-    return (w >> FILL_BITS) != 0 ? -1 : (int)w;
-}
 // A replay-step CTA's share of one step: STEP_SHARE per state row it holds, and the step's remainder
 // to the CTA that holds the last row (head HV - 1, the last V-tile): buffer_rules.step_share.
 #define STEP_SHARE ((1u << STEP_BITS) / (V * HV))
@@ -1228,7 +1221,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     int n = read_fill(fill + slot);
     if (n < 0 || n > CAPACITY) return;
     const bool flush = n + t > CAPACITY;
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) fill[slot] = n;
     if (!(flush)) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_w[NREC * W_PITCH];
@@ -1362,7 +1354,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     stage_token_rows(sh_value, tok_v + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
     int page = src;
     if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
-        const int n = read_plain_fill(fill + slot);
+        const int n = read_fill(fill + slot);
         const bool flush = n + t > CAPACITY;
         if (flush) {
             page = dst;
@@ -1411,7 +1403,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
         }
     }
-    int n = read_plain_fill(fill + slot);
+    int n = read_fill(fill + slot);
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + t > CAPACITY;
     if (flush) {
