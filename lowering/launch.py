@@ -169,7 +169,7 @@ def kernel_arguments(program: Program) -> list[tuple[str, str]]:
     args = [(st, "checkpoint"), (st, "state"), (st, "snapshots"), ("const float*", "initial"),
             ("float*", "materialized"), (record.get("rec_decay", "float*"), "rec_decay"), ("float*", "rec_write"),
             (record["rec_key"], "rec_key"),
-            ("long long*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
+            ("int*", "fill"), ("const int*", "slots"), ("const int*", "src_page"), ("const int*", "dst_page"),
             ("const int*", "drafts"), ("const int*", "accepted")]
     for spec in program.declaration.inputs:
         args.append((INPUT_C_TYPES[spec.dtype], ("tok_" if spec.kind == "token" else "par_") + spec.name))

@@ -13,9 +13,8 @@ The kernels (docs/design.md, "Kernels and buffer rules"):
 - ``load`` + ``reset_fill``   checkpoint ← a given state (prefill hand-off)
 - ``materialize``        S = checkpoint folded with the buffer, written to an output array
 
-Every CTA of a slot reads the fill first, so no CTA of the step writes it: each adds its share of
-the step to the slot's fill word, which the next launch reads as the next fill (buffer_rules, "fill
-words"); commit, reset_fill are tiny kernels of their own. For the
+Every CTA of a slot reads the fill first, so the step's fill update is made by the slot's last CTA
+to have read it (an arrival counter per slot); commit, reset_fill are tiny kernels of their own. For the
 same reason a verify that needs room folds the buffer in a launch of its own (other V-tiles still
 read the old records' keys and decays) and then reads the folded checkpoint from ``dst``.
 """
@@ -55,10 +54,8 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
     bufs += [
         Buffer("rec_write", "record", "float32", ("slots", "HV", "cap", "V"), "writes w_i (corrections for the delta rule)"),
         Buffer("rec_key", "record", "bfloat16" if "key" in raw else "float32", ("slots", key_heads, "cap", "K"), key_doc),
-        Buffer("fill", "meta", "int64", ("slots",), "records committed per slot (the device-side truth): the fill "
-               "a kernel last set in the low 16 bits, the replay steps since above them (16 bits a step, in "
-               "fixed point: "
-               "(buffer_rules.fills_of_words)"),
+        Buffer("fill", "meta", "int32", ("slots",), "records committed per slot (the device-side truth; during a "
+               "replay_step launch its high 16 bits count the slot's CTAs that have read it, zero again at the end)"),
         Buffer("slot", "batch", "int32", ("B",), "slot per batch row; < 0 is the null slot (padding)"),
         Buffer("src_page", "batch", "int32", ("B",), "checkpoint page read"),
         Buffer("dst_page", "batch", "int32", ("B",), "checkpoint page written by a flush or load"),

@@ -168,7 +168,7 @@ def fill_load_lines(f: Facts, copies_in_flight: str = "") -> list[str]:
     lines = []
     if "load_fill" in f.stmts:
         stop = f"{{ {copies_in_flight} return; }}" if copies_in_flight else "return;"
-        lines += ["int n = read_fill(fill + slot);", f"if ({FILL_UNHELD}) {stop}"]
+        lines += ["int n = fill[slot];", f"if ({FILL_UNHELD}) {stop}"]
     elif f.family != "copy":
         lines.append("const int n = 0;  (void)n;  // no records")
     return lines + flush_rule_lines(f)
@@ -195,7 +195,7 @@ def shared_page_lines(f: Facts) -> list[str]:
     buffer into dst; only a shared page reads the fill (an out-of-range fill stops the row after the
     loads are issued, in ``fill_load_lines``)."""
     # (its own load, __ldcg: one merged with the fill load below would make every row's page wait for it)
-    pick = ["const int n = read_fill(fill + slot);"] + flush_rule_lines(f) + guarded(f.guards["load_state:checkpoint:dst"], ["page = dst;"])
+    pick = ["const int n = __ldcg(fill + slot);"] + flush_rule_lines(f) + guarded(f.guards["load_state:checkpoint:dst"], ["page = dst;"])
     return ["int page = src;", "if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in"] + [
         "    " + line for line in pick] + ["}"]
 

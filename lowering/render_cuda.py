@@ -21,7 +21,6 @@ from pathlib import Path
 
 from replayssm_dsl.errors import LoweringError
 
-from .buffer_rules import STEP_BITS
 from .ir import Kernel, Program
 from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced, write_record_layout
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
@@ -135,7 +134,7 @@ def _render_copy(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
 def _render_fill(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -> list[str]:
     value = f.stmts["set_fill"].attr("value")
     update = {
-        "zero": [f"fill[slot] = {NEXT_FILL['zero']};  // the count too: a plain fill"],
+        "zero": [f"fill[slot] = {NEXT_FILL['zero']};"],
         "advance": [f"if ({FILL_UNHELD}) return;", f"fill[slot] = {NEXT_FILL['advance']};"],
         "commit": ["const int t = drafts[b], a = accepted[b];",
                    f"if ({DRAFTS_UNHELD} || a < 0 || a > t || {FILL_UNHELD}) return;  // no fill past capacity",
@@ -144,7 +143,7 @@ def _render_fill(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     return ["const int b = blockIdx.x * blockDim.x + threadIdx.x;", "if (b >= rows) return;",
             "const int slot = slots[b], src = src_page[b], dst = dst_page[b];",
             f"if ({OUTSIDE_CACHE}) return;  // as the tiled kernels: a row they skip keeps its fill",
-            "const int n = read_fill(fill + slot);", "(void)n;"] + update
+            "const int n = fill[slot];", "(void)n;"] + update
 
 
 TEMPLATES = {"replay": render_replay, "recur": _render_recur, "fold": _render_fold, "copy": _render_copy,
@@ -172,9 +171,6 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     if nrec > 32:
         raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "
                             "record per lane (use a smaller window or fewer drafts)")
-    if shape.heads * shape.v_dim > 1 << STEP_BITS:
-        raise LoweringError(f"shape: heads x v_dim = {shape.heads * shape.v_dim} > {1 << STEP_BITS}; the CUDA backend "
-                            "counts a step's state rows in a 16-bit share of the fill word")
     w_vec, w_pitch = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, shape.v_dim)
     consts = {"HV": shape.heads, "H": shape.key_heads, "GROUP": shape.group_size, "V": shape.v_dim, "K": K,
               "KEY_HEADS": shape.key_heads if decl.key_level == "group" else shape.heads,

@@ -20,7 +20,7 @@ from .render_expr import input_element
 from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
                                 shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
                                 tensor_core_verify)
-from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, Facts, decay_between, facts, fields, first_draft_loads,
+from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
                             shared_page_lines, state_page_lines, store_rows, token_prefetch)
@@ -329,16 +329,16 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         assert not tensor_cores, "verify's fields on tensor cores write at the fill: n is known before them"
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
-        body += (state
+        body += ((_arrive() if moves_fill else []) + state
                  + guarded("EAGER_RECORDS", load_records(decl, raw, "CAPACITY", writes_in_registers)))
         # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
         stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
-        body += _fill_from_read(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
+        body += _fill_from_arrival(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
         body += guarded("!EAGER_RECORDS", load_records(decl, raw, "n", writes_in_registers))
         if writes_in_registers:  # the whole buffer's writes came in: keep the fill's
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
-    assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's read is on the staging path"
+    assert "set_fill" not in f.stmts or "empty_records" not in f.stmts, "the fill's arrival is on the staging path"
     # (the cumulate sums the records' raw decays; the shared fragments' copy group stays in flight until the products)
     body += records_ready(decl, raw, "n", sum_decays=False, wait="cp_async_wait_all_but_last();  // all but the shared fragments"
                           if shared_fragments else "cp_async_wait();")
@@ -378,24 +378,41 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
                 + (_fold_shared_rows(decl, "n + t - 1", "n + t") if shared_rows else []))
         body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe
     if "set_fill" in f.stmts:
-        body += _count_rows(f.stmts["set_fill"].attr("value"))
+        body += _last_arrival_moves_fill(f.stmts["set_fill"].attr("value"))
     return body
 
 
-def _fill_from_read(f: Facts, stop: str) -> list[str]:
-    """The fill update inside the step (no second launch): every thread reads the slot's fill word
-    itself, once the state rows' loads are issued (no atomic, no barrier before the records'
-    staging), and the CTA adds its share of the step to the word at its end (``_count_rows``), so the
-    next launch reads the next fill (``fill_of_word`` in replay_common.cuh; the rule in
-    buffer_rules.fills_of_words). A fill out of range (a corrupt word: no kernel writes one) stops
-    the row, once ``stop`` has waited for its asynchronous copies; it has counted nothing. Slots must
-    be unique within a batch (the host checks; device batches must too)."""
-    return ["int n = read_fill(fill + slot);  // every thread: the fill the launches before left",
-            f"if ({FILL_UNHELD}) {{ {stop} return; }}"] + flush_rule_lines(f)
+_FILL_WORD = "reinterpret_cast<unsigned int*>(fill) + slot"  # (rebuilt where used: no pointer held through the step)
+# The row's CTAs that read the fill before this one, read from shared memory where used (a register held
+# from the first barrier to the end spilled at 80 registers); and the row's CTAs, less one.
+_ARRIVAL = "(sh_fill_word >> FILL_BITS)"
+_LAST_ARRIVAL = "(gridDim.x * gridDim.y - 1)"
 
 
-def _count_rows(value: str) -> list[str]:
-    """The CTA's share of the step counted at its end (every thread read the word before a barrier
-    since): the row's V-tiles × heads CTAs add one step (n + 1, or 0 after the fold)."""
-    assert value == "advance", "the replay step's fill moves by one step"
-    return ["if (tid == 0) count_step_share(fill + slot, min(BV, V - v0), hv == HV - 1 && v0 + BV >= V);  // no one waits for it"]
+def _arrive() -> list[str]:
+    """The fill update inside the step (no second launch): every CTA of the row reads the fill, so only
+    the row's last CTA to have read it may write the next. Thread 0 reads it with one atomic that also
+    counts the CTA (``arrive_at_fill``: the fill word's high bits count the row's CTAs that have read it
+    in this launch, zero between launches), issued before the state rows' loads. The CTA's threads take
+    the fill from that read (``_fill_from_arrival``); the arrival that sees V-tiles × heads − 1 earlier
+    ones writes the next fill at the end (``_last_arrival_moves_fill``). Every read is an atomic on the
+    one word, so the last one follows all others without a fence (with a release fence per CTA the
+    step took 1.01-1.06x as long at B = 256, measured side by side). Slots must be unique within a batch (the host checks; device batches must too)."""
+    return ["__shared__ unsigned int sh_fill_word;",
+            f"if (tid == 0) sh_fill_word = arrive_at_fill({_FILL_WORD});  // read the fill and count this CTA: one atomic"]
+
+
+def _fill_from_arrival(f: Facts, stop: str) -> list[str]:
+    """Thread 0's read of the fill word reaches every thread (a barrier: the staging of the records
+    needs ``n``). A word whose fill is out of range, or whose count exceeds the row's CTAs (a high half
+    that was not zero at launch), is not one a kernel writes: the CTA takes its arrival back and
+    touches nothing (a corrupt high half with a fill in range is one the count cannot tell apart),
+    once ``stop`` has waited for its asynchronous copies."""
+    return ["__syncthreads();  // thread 0's arrival holds the fill",
+            "int n = (int)(sh_fill_word & FILL_MASK);",
+            f"if ({FILL_UNHELD} || {_ARRIVAL} > {_LAST_ARRIVAL}) {{",
+            f"    if (tid == 0) leave_fill({_FILL_WORD});", f"    {stop}", "    return;", "}"] + flush_rule_lines(f)
+
+
+def _last_arrival_moves_fill(value: str) -> list[str]:
+    return [f"if (tid == 0 && {_ARRIVAL} == {_LAST_ARRIVAL}) set_fill_word({_FILL_WORD}, {NEXT_FILL[value]});"]

@@ -31,8 +31,7 @@ ARGUMENT_DOCS = {
     "rec_decay": ("float", "[slots, HV, cap(, K)]", "cumulative log-decays of the records (unused without decay)"),
     "rec_write": ("float", "[slots, HV, cap, V]", "record writes"),
     "rec_key": ("float", "[slots, KEY_HEADS, cap, K]", "record keys"),
-    "fill": ("int64", "[slots]", "records per slot, the device-side truth: the fill last set in the low 16 bits, "
-             "the replay steps since above them (bits 32-62; bits 16-31 count a step's share while a step runs); write plain fills"),
+    "fill": ("int32", "[slots]", "records per slot; the device-side truth"),
     "slots": ("int32", "[B]", "slot per batch row, -1 = padded row (touches nothing)"),
     "src_page": ("int32", "[B]", "checkpoint page read"),
     "dst_page": ("int32", "[B]", "checkpoint page a flush or load writes"),

@@ -30,7 +30,7 @@ class CpuReplayCache(ReplayCacheBase):
         self.buffers = {}
         for buf in self.program.buffers:
             if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
-                dtype = np.dtype(buf.dtype) if buf.dtype.startswith("int") else self._storage_dtype(buf.dtype)
+                dtype = np.int32 if buf.dtype == "int32" else self._storage_dtype(buf.dtype)
                 self.buffers[buf.name] = np.zeros(self._dims(buf.dims), dtype)
         self.buffers.update({k: v.astype(self.compute) for k, v in self.params.items()})
 
@@ -59,7 +59,7 @@ class CpuReplayCache(ReplayCacheBase):
         self.buffers["state"][batch["src_page"][live]] = np.asarray(states)[live]
 
     def fills(self) -> np.ndarray:
-        return self.buffers["fill"].astype(np.int32)
+        return self.buffers["fill"].copy()
 
     def checkpoint(self, page: int) -> np.ndarray:
         return self.buffers["checkpoint"][page].copy()

@@ -15,7 +15,6 @@ import contextlib
 import numpy as np
 
 from replayssm_dsl.errors import InputError, LoweringError
-from replayssm_dsl.lowering.buffer_rules import fills_of_words
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
 from replayssm_dsl.lowering.render_cuda import render_program
 
@@ -50,7 +49,7 @@ class CudaReplayCache(ReplayCacheBase):
         self.buffers = {}
         for buf in self.program.buffers:
             if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
-                dtype = np.dtype(buf.dtype) if buf.dtype.startswith("int") else STORAGE[buf.dtype]
+                dtype = np.int32 if buf.dtype == "int32" else STORAGE[buf.dtype]
                 self.buffers[buf.name] = cp.zeros(self._dims(buf.dims), dtype)
         for name, value in self.params.items():
             self.buffers[name] = cp.ascontiguousarray(cp.asarray(value, dtype=cp.float32))
@@ -250,9 +249,7 @@ class CudaReplayCache(ReplayCacheBase):
         self.buffers["state"][pages] = self._to_storage(states[self.cp.asarray(live)])
 
     def fills(self) -> np.ndarray:
-        """Each slot's fill, ``[slots]`` int32, read back from the kernels' fill words."""
-        words = self.cp.asnumpy(self.buffers["fill"])
-        return fills_of_words(words, self.config.window).astype(np.int32)
+        return self.cp.asnumpy(self.buffers["fill"])
 
     def checkpoint(self, page: int):
         return self.cp.asnumpy(self.buffers["checkpoint"][page])

@@ -2,7 +2,7 @@
 only where it is installed).
 
 ``TorchReplayCache`` owns a CPU or CUDA replay cache and exposes its state (checkpoint pages, record
-buffers, the fill words; ``.names`` lists them) as torch tensors that
+buffers, fills, the step's per-slot arrival counters; ``.names`` lists them) as torch tensors that
 share the cache's memory. The operators
 
     torch.ops.replayssm.step(key, state, slot, src_page, dst_page, tokens) -> out [B, HV, V]
@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from replayssm_dsl.errors import InputError
-from replayssm_dsl.lowering.buffer_rules import fills_of_words
 from .validation import check_aligned
 
 _CACHES: dict = {}
@@ -72,9 +71,7 @@ class TorchReplayCache:
         self._verified = None  # the last verify's (src_page, dst_page, T), which its commit is checked against
 
     def fills(self) -> np.ndarray:
-        """Each slot's fill, ``[slots]`` int32 (the kernels' fill words read back)."""
-        words = self.state[self.names.index("fill")].cpu().numpy()
-        return fills_of_words(words, self.cache.config.window).astype(np.int32)
+        return self.state[self.names.index("fill")].cpu().numpy().copy()
 
     def tokens(self, tokens: dict) -> list:
         return [tokens[name] for name in self.token_names]

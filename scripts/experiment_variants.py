@@ -167,12 +167,17 @@ SLOT_CHECK = "dst >= num_pages) return;  // a null slot (padded row), or indices
 VARIANTS["row inputs first"] = [row_inputs_first("replay_step", SLOT_CHECK)]
 VARIANTS["fused cumulate"] = [replay_step_edits(FUSED_CUMULATE_EDITS)]
 # Bounds for the replay step at B = 1 (results wrong, time right): where its extra microseconds over
-# the conventional step go. The records not staged (the buffer's bytes, the load that waits on the
-# fill); the head-level phases (the cumulate, the scores, the records' appends and their two barriers)
-# left out, the rows run straight after the first barrier. (The fill's variants measured at b6204dd
-# and after it, an atomic per CTA read or placed elsewhere against a plain read by every thread, are
-# in docs/performance.md: the step now reads its fill that way, and they edit lines it no longer has.)
+# the conventional step go. The fill read by a plain load instead of the counting atomic (the first
+# row's CTA then sets the next fill, racing the others' reads); the records not staged (the buffer's
+# bytes, the load that waits on the fill); the head-level phases (the cumulate, the scores, the
+# records' appends and their two barriers) left out, the rows run straight after the first barrier.
+ARRIVE = ("    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);"
+          "  // read the fill and count this CTA: one atomic\n")
 BARRIER = "    __syncthreads();\n"
+LAST_ARRIVAL = "if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word("
+PLAIN_FILL = [replay_step_edits([
+    (ARRIVE, "    if (tid == 0) sh_fill_word = __ldcg(reinterpret_cast<const unsigned int*>(fill) + slot) & FILL_MASK;\n"),
+    (LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(")])]
 NO_RECORDS = [replay_step_edits([("    if (!EAGER_RECORDS) {\n", "    if (false) {\n")])]
 ROWS_START = BARRIER + "    float wv[RPW];\n"
 
@@ -186,9 +191,113 @@ def _without_head_phases(text: str) -> str:
 
 
 NO_HEAD_PHASES = [in_kernel("replay_step", _without_head_phases)]
+FILL_CHECK = re.compile(r"    __syncthreads\(\);  // thread 0's arrival holds the fill\n"
+                        r"    int n = \(int\)\(sh_fill_word & FILL_MASK\);\n"
+                        r"    if \(n < 0 \|\| n > CAPACITY \|\| \(sh_fill_word >> FILL_BITS\) > \(gridDim.x \* gridDim.y - 1\)\) \{\n"
+                        r"        if \(tid == 0\) leave_fill\(reinterpret_cast<unsigned int\*>\(fill\) \+ slot\);\n"
+                        r"(?P<stop>        .*\n)        return;\n    \}\n")
+RELAXED_FILL_LOAD = ("    unsigned int fill_seen;  // every thread: the word before this CTA's arrival\n"
+                     "    asm volatile(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n")
+APPENDS = "    if (!flush) {\n        if (blockIdx.x == 0) {\n"
+
+
+def _arrival_after_first_barrier(text: str) -> str:
+    """A correct kernel: every thread reads the fill word itself (a relaxed load, before its CTA's
+    arrival), so the records' staging waits for no atomic and no barrier; thread 0 arrives after the
+    first barrier (every thread's read done) and its count reaches the CTA at the rows' barrier, where
+    a count past the row's CTAs still leaves before anything is written (the records' appends move
+    after that barrier; the leave waits for the CTA's copies as before)."""
+    check = FILL_CHECK.search(text)
+    appends = text.find(APPENDS)
+    rows = text.find(BARRIER, appends)
+    first = text.rfind(FIRST_BARRIER, 0, appends)
+    if check is None or min(appends, rows, first) < 0 or ARRIVE not in text:
+        raise SystemExit("variant edit does not apply: arrival after the first barrier")
+    leave = ("    if (tid == 0) sh_fill_word = arrival;\n" + BARRIER +
+             "    if ((sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {  // a count past the row's CTAs\n"
+             "        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n"
+             + check.group("stop") + "        return;\n    }\n")
+    at = first + len(FIRST_BARRIER)
+    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+            + text[at:appends] + leave + text[appends:rows] + text[rows + len(BARRIER):])
+    text = text.replace(ARRIVE, RELAXED_FILL_LOAD, 1)
+    stop = check.group("stop").strip()
+    return FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
+                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+
+
+VARIANTS["fill loaded, arrival after the first barrier"] = [in_kernel("replay_step", _arrival_after_first_barrier)]
+IDS = "    const int src = src_page[b], dst = dst_page[b];\n"
+FILL_DECL = "    __shared__ unsigned int sh_fill_word;\n"
+
+
+def _fill_by_row_atomic(text: str) -> str:
+    """The fill word addressed by the batch row (``fill + b``), its atomic issued with the row's first
+    loads, before the slot's check: the same word as ``fill + slot`` in the benchmark's batches (slot b
+    in row b, no null rows), so the results are right there and the records' staging no longer waits
+    for the slot's load before the fill's round trip starts (timing only: a padded row would arrive)."""
+    if IDS not in text or FILL_DECL + ARRIVE not in text:
+        raise SystemExit("variant edit does not apply: fill by row")
+    arrive = ARRIVE.replace("(fill) + slot)", "(fill) + b)")
+    text = text.replace(FILL_DECL + ARRIVE, "", 1)
+    return text.replace(IDS, IDS + FILL_DECL + arrive, 1)
+
+
+def _fill_by_row_loaded(text: str) -> str:
+    """A bound for a fill passed with the batch (one word per row, read by every thread with the row's
+    first loads): no atomic, no barrier before the records' staging; the first row's CTA sets the next
+    fill at its end (racing the others' reads only where a row's CTAs do not start together)."""
+    check = FILL_CHECK.search(text)
+    if IDS not in text or ARRIVE not in text or check is None or LAST_ARRIVAL not in text:
+        raise SystemExit("variant edit does not apply: fill by row, loaded")
+    text = text.replace(ARRIVE, "", 1).replace(
+        IDS, IDS + "    const int fill_row = (int)(__ldcg(reinterpret_cast<const unsigned int*>(fill) + b) & FILL_MASK);\n", 1)
+    stop = check.group("stop").strip()
+    text = FILL_CHECK.sub(lambda _: f"    int n = fill_row;\n    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    return text.replace(LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(", 1)
+
+
+def _fill_loaded_arrival_at_rows(text: str) -> str:
+    """A correct kernel: every thread reads the fill word with a relaxed load of its own (the slot's
+    check before it), so no atomic and no barrier stand between the slot and the records' staging;
+    thread 0 counts the CTA after the rows' barrier (every thread of the CTA has used its read by then)
+    and keeps the count in a register to the end, where the row's last arrival writes the next fill as
+    before. A fill out of range leaves before the CTA has arrived: nothing to take back."""
+    check = FILL_CHECK.search(text)
+    appends = text.find(APPENDS)
+    rows = text.find(BARRIER, appends)
+    if check is None or appends < 0 or rows < 0 or ARRIVE not in text or LAST_ARRIVAL not in text:
+        raise SystemExit("variant edit does not apply: fill loaded, arrival at the rows")
+    at = rows + len(BARRIER)
+    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+            + text[at:])
+    text = text.replace(ARRIVE, "    unsigned int fill_seen;  // every thread: the word as the last launch left it (its low bits)\n"
+                        "    asm(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n", 1)
+    stop = check.group("stop").strip()
+    text = FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
+                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    return text.replace(LAST_ARRIVAL, LAST_ARRIVAL.replace("sh_fill_word", "arrival"), 1)
+
+
+VARIANTS["fill loaded, arrival at the rows"] = [in_kernel("replay_step", _fill_loaded_arrival_at_rows)]
+
+
+def _fill_loaded_arrival_in_shared(text: str) -> str:
+    """As "fill loaded, arrival at the rows", with thread 0's count in shared memory (``sh_fill_word``)
+    rather than a register held through the rows (which spills 8-12 bytes at some tuned launches)."""
+    text = _fill_loaded_arrival_at_rows(text)
+    held = "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+    text = text.replace(held, "    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n", 1)
+    return text.replace("(arrival >> FILL_BITS)", "(sh_fill_word >> FILL_BITS)", 1)
+
+
+VARIANTS["fill loaded, arrival at the rows, in shared"] = [in_kernel("replay_step", _fill_loaded_arrival_in_shared)]
+VARIANTS["fill by row, one atomic (slot b in row b)"] = [in_kernel("replay_step", _fill_by_row_atomic)]
+VARIANTS["fill by row, loaded, no barrier (bound)"] = [in_kernel("replay_step", _fill_by_row_loaded)]
+VARIANTS["plain fill load (bound)"] = PLAIN_FILL
 VARIANTS["records not staged (bound)"] = NO_RECORDS
 VARIANTS["no head-level phases (bound)"] = NO_HEAD_PHASES
-VARIANTS["no records, no head-level phases (bound)"] = NO_RECORDS + NO_HEAD_PHASES
+VARIANTS["plain fill, no records, no head-level phases (bound)"] = PLAIN_FILL + NO_RECORDS + NO_HEAD_PHASES
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],

@@ -85,7 +85,7 @@ NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo =
 NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
 LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
 ROWS_START = "    constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp\n"
-FILL_LOAD = "    int n = read_fill(fill + slot);\n"
+FILL_LOAD = "    int n = fill[slot];\n"
 
 
 def _before_rows(lines: str, label: str):

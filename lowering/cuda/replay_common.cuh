@@ -244,34 +244,20 @@ __device__ __forceinline__ void state_row(const float (&s)[NR][KE], int r, const
     }
 }
 
-// A slot's fill word (64 bits, the rule in lowering/buffer_rules.py): the low FILL_BITS bits hold the
-// fill as a kernel or the host last set it (commit, reset_fill), the bits above count the replay
-// steps since in fixed point, STEP_BITS bits per step. Every thread of a replay-step CTA reads the
-// word itself, and the CTA adds its rows' share of one step at its end, with one atomic whose result
-// no one waits for; the shares of a row's CTAs sum to one step exactly, and each is at least one unit,
-// so a CTA reading the word during a launch (its own share not added yet) sees the launches before as
-// whole steps. No CTA writes the fill, none waits for another or for an atomic's round trip. A
-// negative word is corrupt (no kernel writes one).
+// The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
+// bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
+// (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
+// read the fill before it writes the next (atomicity on the one word orders them; no fence needed).
 #define FILL_BITS 16
-#define STEP_BITS 16
-#define FILL_MASK ((1ll << FILL_BITS) - 1ll)
-static_assert((long long)V * HV <= (1ll << STEP_BITS), "a step's share per state row needs V * HV <= 65536");
-// The fill ``steps`` replay steps after ``base`` (each: n + 1, or 0 where n + 1 reaches WINDOW).
-__device__ __forceinline__ int fill_after_steps(int base, unsigned int steps) {
-    return steps == 0 ? base : (int)(((unsigned)min(base, WINDOW - 1) + steps) % WINDOW);  // WINDOW - 1 and past: 0 next
-}
-__device__ __forceinline__ int fill_of_word(long long word) {
-    return word < 0 ? -1 : fill_after_steps((int)(word & FILL_MASK), (unsigned int)(word >> (FILL_BITS + STEP_BITS)));
-}
-__device__ __forceinline__ int read_fill(const long long* word) { return fill_of_word(__ldcg(word)); }
-// A replay-step CTA's share of one step: STEP_SHARE per state row it holds, and the step's remainder
-// to the CTA that holds the last row (head HV - 1, the last V-tile): buffer_rules.step_share.
-#define STEP_SHARE ((1u << STEP_BITS) / (V * HV))
-#define STEP_REMAINDER ((1u << STEP_BITS) - STEP_SHARE * (V * HV))
-__device__ __forceinline__ void count_step_share(long long* word, int rows, bool holds_last_row) {
-    const unsigned int share = rows * STEP_SHARE + (holds_last_row ? STEP_REMAINDER : 0u);
-    atomicAdd(reinterpret_cast<unsigned long long*>(word), (unsigned long long)share << FILL_BITS);
-}
+#define FILL_MASK ((1u << FILL_BITS) - 1u)
+#define FILL_ARRIVAL (1u << FILL_BITS)
+// One arrival: the word as it was before it (the fill in the low bits, the earlier arrivals above).
+__device__ __forceinline__ unsigned int arrive_at_fill(unsigned int* word) { return atomicAdd(word, FILL_ARRIVAL); }
+// Take an arrival back (a CTA that found the word corrupt and touches nothing else).
+__device__ __forceinline__ void leave_fill(unsigned int* word) { atomicSub(word, FILL_ARRIVAL); }
+// The row's last arrival sets the next fill and zeroes the count (an atomic, so it follows its own
+// arrival, and through it every other one, on the word).
+__device__ __forceinline__ void set_fill_word(unsigned int* word, int next) { atomicExch(word, (unsigned int)next); }
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.

@@ -291,34 +291,20 @@ __device__ __forceinline__ void state_row(const float (&s)[NR][KE], int r, const
     }
 }
 
-// A slot's fill word (64 bits, the rule in lowering/buffer_rules.py): the low FILL_BITS bits hold the
-// fill as a kernel or the host last set it (commit, reset_fill), the bits above count the replay
-// steps since in fixed point, STEP_BITS bits per step. Every thread of a replay-step CTA reads the
-// word itself, and the CTA adds its rows' share of one step at its end, with one atomic whose result
-// no one waits for; the shares of a row's CTAs sum to one step exactly, and each is at least one unit,
-// so a CTA reading the word during a launch (its own share not added yet) sees the launches before as
-// whole steps. No CTA writes the fill, none waits for another or for an atomic's round trip. A
-// negative word is corrupt (no kernel writes one).
+// The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
+// bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
+// (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
+// read the fill before it writes the next (atomicity on the one word orders them; no fence needed).
 #define FILL_BITS 16
-#define STEP_BITS 16
-#define FILL_MASK ((1ll << FILL_BITS) - 1ll)
-static_assert((long long)V * HV <= (1ll << STEP_BITS), "a step's share per state row needs V * HV <= 65536");
-// The fill ``steps`` replay steps after ``base`` (each: n + 1, or 0 where n + 1 reaches WINDOW).
-__device__ __forceinline__ int fill_after_steps(int base, unsigned int steps) {
-    return steps == 0 ? base : (int)(((unsigned)min(base, WINDOW - 1) + steps) % WINDOW);  // WINDOW - 1 and past: 0 next
-}
-__device__ __forceinline__ int fill_of_word(long long word) {
-    return word < 0 ? -1 : fill_after_steps((int)(word & FILL_MASK), (unsigned int)(word >> (FILL_BITS + STEP_BITS)));
-}
-__device__ __forceinline__ int read_fill(const long long* word) { return fill_of_word(__ldcg(word)); }
-// A replay-step CTA's share of one step: STEP_SHARE per state row it holds, and the step's remainder
-// to the CTA that holds the last row (head HV - 1, the last V-tile): buffer_rules.step_share.
-#define STEP_SHARE ((1u << STEP_BITS) / (V * HV))
-#define STEP_REMAINDER ((1u << STEP_BITS) - STEP_SHARE * (V * HV))
-__device__ __forceinline__ void count_step_share(long long* word, int rows, bool holds_last_row) {
-    const unsigned int share = rows * STEP_SHARE + (holds_last_row ? STEP_REMAINDER : 0u);
-    atomicAdd(reinterpret_cast<unsigned long long*>(word), (unsigned long long)share << FILL_BITS);
-}
+#define FILL_MASK ((1u << FILL_BITS) - 1u)
+#define FILL_ARRIVAL (1u << FILL_BITS)
+// One arrival: the word as it was before it (the fill in the low bits, the earlier arrivals above).
+__device__ __forceinline__ unsigned int arrive_at_fill(unsigned int* word) { return atomicAdd(word, FILL_ARRIVAL); }
+// Take an arrival back (a CTA that found the word corrupt and touches nothing else).
+__device__ __forceinline__ void leave_fill(unsigned int* word) { atomicSub(word, FILL_ARRIVAL); }
+// The row's last arrival sets the next fill and zeroes the count (an atomic, so it follows its own
+// arrival, and through it every other one, on the word).
+__device__ __forceinline__ void set_fill_word(unsigned int* word, int next) { atomicExch(word, (unsigned int)next); }
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.
@@ -521,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -714,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -898,7 +884,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -941,6 +927,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_g_raw + ((size_t)b * t_tok * HV + hv) * K + lane * 32);
     if (warp == 4 % WARPS && lane == 0) prefetch_l1(tok_b + ((size_t)b * t_tok * HV + hv));
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    __shared__ unsigned int sh_fill_word;
+    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);  // read the fill and count this CTA: one atomic
     int page = src;
     float s[RPW][KE];
     #pragma unroll
@@ -957,8 +945,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         stage_floats<VEC == 4>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, CAPACITY * K, tid);
         stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, CAPACITY, v0, tid);
     }
-    int n = read_fill(fill + slot);  // every thread: the fill the launches before left
-    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
+    __syncthreads();  // thread 0's arrival holds the fill
+    int n = (int)(sh_fill_word & FILL_MASK);
+    if (n < 0 || n > CAPACITY || (sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {
+        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);
+        cp_async_wait();
+        return;
+    }
     const bool flush = n + 1 >= WINDOW;
     if (!EAGER_RECORDS) {
         stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -1169,7 +1162,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == 0) count_step_share(fill + slot, min(BV, V - v0), hv == HV - 1 && v0 + BV >= V);  // no one waits for it
+    if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)
@@ -1190,7 +1183,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1218,7 +1211,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
@@ -1308,7 +1301,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1354,7 +1347,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     stage_token_rows(sh_value, tok_v + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
     int page = src;
     if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
-        const int n = read_fill(fill + slot);
+        const int n = __ldcg(fill + slot);
         const bool flush = n + t > CAPACITY;
         if (flush) {
             page = dst;
@@ -1403,7 +1396,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
         }
     }
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + t > CAPACITY;
     if (flush) {
@@ -1624,7 +1617,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1647,7 +1640,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     if (b >= rows) return;
     const int slot = slots[b], src = src_page[b], dst = dst_page[b];
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
-    const int n = read_fill(fill + slot);
+    const int n = fill[slot];
     (void)n;
     const int t = drafts[b], a = accepted[b];
     if (t < 1 || t > TMAX || t > t_tok || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // no fill past capacity
@@ -1670,7 +1663,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1697,7 +1690,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_w[NREC * W_PITCH];
@@ -1766,7 +1759,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1816,7 +1809,7 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1839,9 +1832,9 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     if (b >= rows) return;
     const int slot = slots[b], src = src_page[b], dst = dst_page[b];
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
-    const int n = read_fill(fill + slot);
+    const int n = fill[slot];
     (void)n;
-    fill[slot] = 0;  // the count too: a plain fill
+    fill[slot] = 0;
 }
 
 // kernel materialize grid=(VT, HV, B)  # the plain state: checkpoint folded with the buffer, checkpoint untouched
@@ -1860,7 +1853,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1887,7 +1880,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_w[NREC * W_PITCH];

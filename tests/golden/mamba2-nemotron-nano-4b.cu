@@ -294,34 +294,20 @@ __device__ __forceinline__ void state_row(const float (&s)[NR][KE], int r, const
     }
 }
 
-// A slot's fill word (64 bits, the rule in lowering/buffer_rules.py): the low FILL_BITS bits hold the
-// fill as a kernel or the host last set it (commit, reset_fill), the bits above count the replay
-// steps since in fixed point, STEP_BITS bits per step. Every thread of a replay-step CTA reads the
-// word itself, and the CTA adds its rows' share of one step at its end, with one atomic whose result
-// no one waits for; the shares of a row's CTAs sum to one step exactly, and each is at least one unit,
-// so a CTA reading the word during a launch (its own share not added yet) sees the launches before as
-// whole steps. No CTA writes the fill, none waits for another or for an atomic's round trip. A
-// negative word is corrupt (no kernel writes one).
+// The replay step's CTAs read a slot's fill through one atomic each: the fill word's low FILL_BITS
+// bits hold the fill, its high bits count the CTAs of the row that have read it during this launch
+// (zero between launches). Each read is an arrival, so the row's last CTA knows every other one has
+// read the fill before it writes the next (atomicity on the one word orders them; no fence needed).
 #define FILL_BITS 16
-#define STEP_BITS 16
-#define FILL_MASK ((1ll << FILL_BITS) - 1ll)
-static_assert((long long)V * HV <= (1ll << STEP_BITS), "a step's share per state row needs V * HV <= 65536");
-// The fill ``steps`` replay steps after ``base`` (each: n + 1, or 0 where n + 1 reaches WINDOW).
-__device__ __forceinline__ int fill_after_steps(int base, unsigned int steps) {
-    return steps == 0 ? base : (int)(((unsigned)min(base, WINDOW - 1) + steps) % WINDOW);  // WINDOW - 1 and past: 0 next
-}
-__device__ __forceinline__ int fill_of_word(long long word) {
-    return word < 0 ? -1 : fill_after_steps((int)(word & FILL_MASK), (unsigned int)(word >> (FILL_BITS + STEP_BITS)));
-}
-__device__ __forceinline__ int read_fill(const long long* word) { return fill_of_word(__ldcg(word)); }
-// A replay-step CTA's share of one step: STEP_SHARE per state row it holds, and the step's remainder
-// to the CTA that holds the last row (head HV - 1, the last V-tile): buffer_rules.step_share.
-#define STEP_SHARE ((1u << STEP_BITS) / (V * HV))
-#define STEP_REMAINDER ((1u << STEP_BITS) - STEP_SHARE * (V * HV))
-__device__ __forceinline__ void count_step_share(long long* word, int rows, bool holds_last_row) {
-    const unsigned int share = rows * STEP_SHARE + (holds_last_row ? STEP_REMAINDER : 0u);
-    atomicAdd(reinterpret_cast<unsigned long long*>(word), (unsigned long long)share << FILL_BITS);
-}
+#define FILL_MASK ((1u << FILL_BITS) - 1u)
+#define FILL_ARRIVAL (1u << FILL_BITS)
+// One arrival: the word as it was before it (the fill in the low bits, the earlier arrivals above).
+__device__ __forceinline__ unsigned int arrive_at_fill(unsigned int* word) { return atomicAdd(word, FILL_ARRIVAL); }
+// Take an arrival back (a CTA that found the word corrupt and touches nothing else).
+__device__ __forceinline__ void leave_fill(unsigned int* word) { atomicSub(word, FILL_ARRIVAL); }
+// The row's last arrival sets the next fill and zeroes the count (an atomic, so it follows its own
+// arrival, and through it every other one, on the word).
+__device__ __forceinline__ void set_fill_word(unsigned int* word, int next) { atomicExch(word, (unsigned int)next); }
 
 // Start copying ``count`` floats (a multiple of 4 when WIDE: 16-byte copies) from global to shared
 // memory; complete after cp_async_wait() and a barrier.
@@ -524,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) conventional_step(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -690,7 +676,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) snapshot_verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -852,7 +838,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -897,6 +883,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
     if (warp == 3 % WARPS && lane * 32 < K) prefetch_l1(tok_C + ((size_t)b * t_tok * H + hk) * K + lane * 32);
     if (warp == 4 % WARPS && lane * 32 < min(BV, V - v0)) prefetch_l1(tok_z + ((size_t)b * t_tok * HV + hv) * V + v0 + lane * 32);
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
+    __shared__ unsigned int sh_fill_word;
+    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);  // read the fill and count this CTA: one atomic
     int page = src;
     float s[RPW][KE];
     #pragma unroll
@@ -913,8 +901,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
         stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, CAPACITY, tid);
         stage_writes(sh_w, rec_write + ((size_t)slot * HV + hv) * CAPACITY * V, CAPACITY, v0, tid);
     }
-    int n = read_fill(fill + slot);  // every thread: the fill the launches before left
-    if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
+    __syncthreads();  // thread 0's arrival holds the fill
+    int n = (int)(sh_fill_word & FILL_MASK);
+    if (n < 0 || n > CAPACITY || (sh_fill_word >> FILL_BITS) > (gridDim.x * gridDim.y - 1)) {
+        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);
+        cp_async_wait();
+        return;
+    }
     const bool flush = n + 1 >= WINDOW;
     if (!EAGER_RECORDS) {
         stage_floats<VEC == 4>(sh_key, rec_key + ((size_t)slot * KEY_HEADS + hk) * CAPACITY * K, n * K, tid);
@@ -1089,7 +1082,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) replay_step(
             if (row < V) store_row(checkpoint + (((size_t)dst * HV + hv) * V + row) * K, s[r], lane);
         }
     }
-    if (tid == 0) count_step_share(fill + slot, min(BV, V - v0), hv == HV - 1 && v0 + BV >= V);  // no one waits for it
+    if (tid == 0 && (sh_fill_word >> FILL_BITS) == (gridDim.x * gridDim.y - 1)) set_fill_word(reinterpret_cast<unsigned int*>(fill) + slot, (n + 1 >= WINDOW) ? 0 : n + 1);
 }
 
 // kernel flush_for_verify grid=(VT, HV, B)  # before verify: fold the buffer where n + t > capacity (the fill moves at commit)
@@ -1110,7 +1103,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1139,7 +1132,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush_for_verify(
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
     if (t < 1 || t > TMAX || t > t_tok) return;
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     const bool flush = n + t > CAPACITY;
     if (!(flush)) return;
@@ -1225,7 +1218,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1273,7 +1266,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     stage_token_rows(sh_gate, tok_z + ((size_t)b * t_tok * HV + hv) * V, (size_t)HV * V, t, v0, tid);  // draft j's rows at + j * HV * V
     int page = src;
     if (src != dst) {  // a shared page: the fill says which page an earlier flush left the state in
-        const int n = read_fill(fill + slot);
+        const int n = __ldcg(fill + slot);
         const bool flush = n + t > CAPACITY;
         if (flush) {
             page = dst;
@@ -1312,7 +1305,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             }
         }
     }
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) { cp_async_wait(); return; }
     const bool flush = n + t > CAPACITY;
     if (flush) {
@@ -1494,7 +1487,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1518,7 +1511,7 @@ extern "C" __global__ void __launch_bounds__(128) commit(
     if (b >= rows) return;
     const int slot = slots[b], src = src_page[b], dst = dst_page[b];
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
-    const int n = read_fill(fill + slot);
+    const int n = fill[slot];
     (void)n;
     const int t = drafts[b], a = accepted[b];
     if (t < 1 || t > TMAX || t > t_tok || a < 0 || a > t || n < 0 || n > CAPACITY) return;  // no fill past capacity
@@ -1541,7 +1534,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1569,7 +1562,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flush(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_w[NREC * W_PITCH];
@@ -1634,7 +1627,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) load(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1685,7 +1678,7 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1709,9 +1702,9 @@ extern "C" __global__ void __launch_bounds__(128) reset_fill(
     if (b >= rows) return;
     const int slot = slots[b], src = src_page[b], dst = dst_page[b];
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // as the tiled kernels: a row they skip keeps its fill
-    const int n = read_fill(fill + slot);
+    const int n = fill[slot];
     (void)n;
-    fill[slot] = 0;  // the count too: a plain fill
+    fill[slot] = 0;
 }
 
 // kernel materialize grid=(VT, HV, B)  # the plain state: checkpoint folded with the buffer, checkpoint untouched
@@ -1730,7 +1723,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     float* __restrict__ rec_decay,
     float* __restrict__ rec_write,
     float* __restrict__ rec_key,
-    long long* __restrict__ fill,
+    int* __restrict__ fill,
     const int* __restrict__ slots,
     const int* __restrict__ src_page,
     const int* __restrict__ dst_page,
@@ -1758,7 +1751,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) materialize(
     const int t = 1;
     (void)src; (void)dst; (void)t; (void)hk; (void)v0; (void)tid; (void)warp; (void)lane;
     if (slot < 0 || slot >= num_slots || src < 0 || src >= num_pages || dst < 0 || dst >= num_pages) return;  // a null slot (padded row), or indices outside this cache
-    int n = read_fill(fill + slot);
+    int n = fill[slot];
     if (n < 0 || n > CAPACITY) return;
     __shared__ __align__(16) float sh_key[NREC * K];
     __shared__ __align__(16) float sh_w[NREC * W_PITCH];
