@@ -199,6 +199,16 @@ FILL_CHECK = re.compile(r"    __syncthreads\(\);  // thread 0's arrival holds th
 RELAXED_FILL_LOAD = ("    unsigned int fill_seen;  // every thread: the word before this CTA's arrival\n"
                      "    asm volatile(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n")
 APPENDS = "    if (!flush) {\n        if (blockIdx.x == 0) {\n"
+# thread 0's arrival issued later than the fill's read, its count kept in a register
+LATE_ARRIVAL = "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
+
+
+def _fill_check_without_arrival(text: str, check, fill: str) -> str:
+    """The generated fill check (``check``: FILL_CHECK's match in ``text``) with ``n`` taken from the C
+    expression ``fill`` and no arrival to check or take back; a fill out of range still stops the row."""
+    stop = check.group("stop").strip()
+    return FILL_CHECK.sub(lambda _: f"    int n = {fill};\n    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n",
+                          text, count=1)
 
 
 def _arrival_after_first_barrier(text: str) -> str:
@@ -218,12 +228,9 @@ def _arrival_after_first_barrier(text: str) -> str:
              "        if (tid == 0) leave_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n"
              + check.group("stop") + "        return;\n    }\n")
     at = first + len(FIRST_BARRIER)
-    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
-            + text[at:appends] + leave + text[appends:rows] + text[rows + len(BARRIER):])
+    text = text[:at] + LATE_ARRIVAL + text[at:appends] + leave + text[appends:rows] + text[rows + len(BARRIER):]
     text = text.replace(ARRIVE, RELAXED_FILL_LOAD, 1)
-    stop = check.group("stop").strip()
-    return FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
-                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    return _fill_check_without_arrival(text, check, "(int)(fill_seen & FILL_MASK)")
 
 
 VARIANTS["fill loaded, arrival after the first barrier"] = [in_kernel("replay_step", _arrival_after_first_barrier)]
@@ -252,8 +259,7 @@ def _fill_by_row_loaded(text: str) -> str:
         raise SystemExit("variant edit does not apply: fill by row, loaded")
     text = text.replace(ARRIVE, "", 1).replace(
         IDS, IDS + "    const int fill_row = (int)(__ldcg(reinterpret_cast<const unsigned int*>(fill) + b) & FILL_MASK);\n", 1)
-    stop = check.group("stop").strip()
-    text = FILL_CHECK.sub(lambda _: f"    int n = fill_row;\n    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    text = _fill_check_without_arrival(text, check, "fill_row")
     return text.replace(LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(", 1)
 
 
@@ -269,13 +275,10 @@ def _fill_loaded_arrival_at_rows(text: str) -> str:
     if check is None or appends < 0 or rows < 0 or ARRIVE not in text or LAST_ARRIVAL not in text:
         raise SystemExit("variant edit does not apply: fill loaded, arrival at the rows")
     at = rows + len(BARRIER)
-    text = (text[:at] + "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
-            + text[at:])
+    text = text[:at] + LATE_ARRIVAL + text[at:]
     text = text.replace(ARRIVE, "    unsigned int fill_seen;  // every thread: the word as the last launch left it (its low bits)\n"
                         "    asm(\"ld.relaxed.gpu.global.u32 %0, [%1];\" : \"=r\"(fill_seen) : \"l\"(fill + slot));\n", 1)
-    stop = check.group("stop").strip()
-    text = FILL_CHECK.sub(lambda _: "    int n = (int)(fill_seen & FILL_MASK);\n"
-                          f"    if (n < 0 || n > CAPACITY) {{ {stop} return; }}\n", text, count=1)
+    text = _fill_check_without_arrival(text, check, "(int)(fill_seen & FILL_MASK)")
     return text.replace(LAST_ARRIVAL, LAST_ARRIVAL.replace("sh_fill_word", "arrival"), 1)
 
 
@@ -286,8 +289,7 @@ def _fill_loaded_arrival_in_shared(text: str) -> str:
     """As "fill loaded, arrival at the rows", with thread 0's count in shared memory (``sh_fill_word``)
     rather than a register held through the rows (which spills 8-12 bytes at some tuned launches)."""
     text = _fill_loaded_arrival_at_rows(text)
-    held = "    const unsigned int arrival = tid == 0 ? arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot) : 0u;\n"
-    text = text.replace(held, "    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n", 1)
+    text = text.replace(LATE_ARRIVAL, "    if (tid == 0) sh_fill_word = arrive_at_fill(reinterpret_cast<unsigned int*>(fill) + slot);\n", 1)
     return text.replace("(arrival >> FILL_BITS)", "(sh_fill_word >> FILL_BITS)", 1)
 
 
