@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
@@ -264,3 +267,33 @@ def test_an_entry_tuned_by_an_earlier_version_is_tuned_again(program, tmp_path, 
     assert autotune.lookup(program, 64) is None
     table.write_text(json.dumps({key: {"launch": {"warps": 4, "rows_per_warp": 16}}}))
     assert autotune.lookup(program, 64) == LaunchConfig(4, 16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.001, 10.0, allow_nan=False), min_size=1, max_size=12, unique=True), st.integers(1, 5))
+def test_finalists_are_the_fastest_of_the_first_pass(times, count):
+    timings = {LaunchConfig(4, r): t for r, t in zip(range(1, 13), times)}
+    chosen = autotune.finalists(timings, count)
+    assert len(chosen) == min(count, len(times))
+    assert [timings[c] for c in chosen] == sorted(times)[:count]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.data())
+def test_the_confirmed_launch_has_the_least_median_over_the_rounds(launches, rounds, data):
+    """Whatever order a first pass left them in, the finalist chosen is the one whose median over the
+    interleaved rounds is least, and every finalist's median is reported."""
+    shapes = [LaunchConfig(8, r) for r in range(1, launches + 1)]
+    times = st.floats(0.001, 10.0, allow_nan=False)
+    timed = [{c: data.draw(times) for c in shapes} for _ in range(rounds)]
+    best, medians = autotune.confirmed_best(timed)
+    assert set(medians) == set(shapes)
+    for c in shapes:
+        assert medians[c] == pytest.approx(float(np.median([r[c] for r in timed])))
+    assert medians[best] == min(medians.values())
+
+
+def test_a_first_pass_winner_can_lose_the_confirmation():
+    first, second = LaunchConfig(4, 8), LaunchConfig(8, 4)
+    rounds = [{first: 6.5, second: 6.2}, {first: 6.4, second: 6.3}, {first: 5.9, second: 6.25}]
+    assert autotune.confirmed_best(rounds)[0] == second

@@ -463,3 +463,28 @@ def test_gpu_verify_of_few_drafts_runs_its_own_tuned_shape(name, tmp_path, monke
         verify_shapes = {launch for launch, family in twin.cache._compiled if family == "verify"}
         assert few in verify_shapes and (many in verify_shapes) == (i >= 1), verify_shapes
     twin.check_materialize([0, 2])
+
+
+def test_gpu_tune_step_confirms_its_fastest_and_tables_them(tmp_path, monkeypatch):
+    """``tune_step`` on the GPU (four candidates, the conventional group): the table's entry names the
+    finalist of least confirmed median, its first pass and its finalists' medians, the finalists being
+    the first pass's three fastest; a cache built after it reads that launch back."""
+    import json
+
+    from replayssm_dsl.lowering import lower
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    from replayssm_dsl.runtime import autotune
+
+    shape, config, rows = ModelShape(4, 2, 64, 128), ReplayConfig(window=4, max_drafts=2), 2
+    monkeypatch.setattr(autotune, "CANDIDATES", (LaunchConfig(4, 4), LaunchConfig(4, 8), LaunchConfig(8, 4), LaunchConfig(4, 16)))
+    table = tmp_path / "autotune.json"
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(table))
+    decl = ALL_DECLS["gdn"]
+    params = random_params(decl, shape, np.random.default_rng(3))
+    best, first_pass = autotune.tune_step(decl, shape, config, params, rows, reps=5, group="conventional")
+    entry = json.loads(table.read_text())[autotune.table_key(lower(decl, shape, config), rows, "conventional")]
+    assert entry["ms"] == {c.label: t for c, t in first_pass.items()} and len(first_pass) == 4
+    assert all(np.isfinite(t) and t > 0 for t in first_pass.values())
+    assert set(entry["confirmed_ms"]) == {c.label for c in sorted(first_pass, key=first_pass.get)[:3]}
+    assert entry["confirmed_ms"][best.label] == min(entry["confirmed_ms"].values())
+    assert LaunchConfig(**entry["launch"]) == best == autotune.lookup(lower(decl, shape, config), rows, "conventional")
