@@ -14,10 +14,10 @@ from replayssm_dsl.config import STATE_DTYPES
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import LaunchConfig, write_record_layout
+from .launch import FRAGMENT_DRAFTS, LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
-from .render_verify_mma import (FRAGMENT_DRAFTS, mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
+from .render_verify_mma import (mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
                                 shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
                                 tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,

@@ -17,7 +17,7 @@ are tensor-core products too (``mma_scores``).
 
 from __future__ import annotations
 
-from .launch import FRAGMENT_DRAFTS, verify_fits_tensor_cores
+from .launch import verify_fits_tensor_cores
 from .render_blocks import Facts, guarded, output_store, record_write_store
 from .render_row_fields import epilogue, row_field
 

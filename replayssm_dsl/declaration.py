@@ -158,7 +158,7 @@ class Declaration:
         """The same recurrence with token inputs ``names`` (default: every token input) arriving as
         ``dtype`` (``TOKEN_DTYPES``): an engine whose activations are bf16 passes them as they are, and
         the kernels widen each element to float32 as they read it."""
-        _check_token_dtype(f"with_token_dtype: dtype", dtype)
+        _check_token_dtype("with_token_dtype: dtype", dtype)
         tokens = {spec.name for spec in self.inputs if spec.kind == "token"}
         chosen = tokens if names is None else set(names)
         unknown = sorted(chosen - tokens)

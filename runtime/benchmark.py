@@ -300,7 +300,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
         from .bench_fla import fla_step  # (torch and fla, where they import, only when FLA is timed)
         res["fla_step"], res["fla_mode"] = fla_step(p.variant, shape, batch, INPUT_SETS, reps, token_dtype)
     res["state_MB"] = state_bytes / 1e6
-    del cache
+    cache = None  # its buffers back to the pool before the next preset
     cp.get_default_memory_pool().free_all_blocks()
     return res
 
