@@ -300,7 +300,14 @@ VARIANTS["plain fill load (bound)"] = PLAIN_FILL
 VARIANTS["records not staged (bound)"] = NO_RECORDS
 VARIANTS["no head-level phases (bound)"] = NO_HEAD_PHASES
 VARIANTS["plain fill, no records, no head-level phases (bound)"] = PLAIN_FILL + NO_RECORDS + NO_HEAD_PHASES
-VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",)}  # variants that apply to some presets only
+# The replay step's decays by the hardware's approximate exponential (``__expf``: ex2.approx of x * log2 e,
+# about 2 + 1.16 |x| ulp), every exp of the kernel's text (the scores' record decays, the cumulate, the
+# fold) or the scores' alone: what the exponentials on the head-level chain cost.
+VARIANTS["fast exponentials"] = [in_kernel("replay_step", lambda text: re.sub(r"(?<![_\w])expf\(", "__expf(", text))]
+VARIANTS["fast exponentials, scores only"] = [replay_step_edits([(
+    "const float kd = sh_key[rec * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);",
+    "const float kd = sh_key[rec * K + e] * __expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);")])]
+VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
     "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),
