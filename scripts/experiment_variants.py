@@ -180,10 +180,12 @@ PLAIN_FILL = [replay_step_edits([
     (LAST_ARRIVAL, "if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) set_fill_word(")])]
 NO_RECORDS = [replay_step_edits([("    if (!EAGER_RECORDS) {\n", "    if (false) {\n")])]
 ROWS_START = BARRIER + "    float wv[RPW];\n"
+ROWS_START_REGISTER_WRITES = BARRIER + "    shared_rows_wait(&sh_rows_bar);"  # /w: the records' writes loaded early
 
 
 def _without_head_phases(text: str) -> str:
     end = text.find(ROWS_START)
+    end = text.find(ROWS_START_REGISTER_WRITES) if end < 0 else end
     start = text.rfind(FIRST_BARRIER, 0, end)
     if start < 0 or end < 0:
         raise SystemExit("variant edit does not apply: no head-level phases")
@@ -406,6 +408,15 @@ def main() -> None:
                     if label == "base":
                         times["replay n=L-1"] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out,
                                                           fill=config.window - 1)
+                        # the fold's share of the mixed steady state: the fills b mod L held (reset before
+                        # every step, so the same 1/L of rows fold each time) against the same fills with
+                        # the folding rows at L - 2 (no row folds; the mean fill 1/L^2 of a record lower)
+                        held = cp.arange(rows, dtype=cp.int32) % config.window
+                        times["replay n=b mod L held"] = time_step(cp, cache, kernel, rows, batch_dev, tokens,
+                                                                   out, fill=held)
+                        times["replay held, no fold"] = time_step(
+                            cp, cache, kernel, rows, batch_dev, tokens, out,
+                            fill=cp.minimum(held, config.window - 2))
                 del cache
                 cp.get_default_memory_pool().free_all_blocks()
             if "replay_step" not in times:  # the variant's edits do not apply to this family
