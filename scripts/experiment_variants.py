@@ -309,7 +309,33 @@ VARIANTS["fast exponentials"] = [in_kernel("replay_step", lambda text: re.sub(r"
 VARIANTS["fast exponentials, scores only"] = [replay_step_edits([(
     "const float kd = sh_key[rec * K + e] * expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);",
     "const float kd = sh_key[rec * K + e] * __expf(sh_G[(n + j) * K + e] - sh_G[(rec) * K + e]);")])]
-VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",)}  # variants that apply to some presets only
+# KDA's fused fold with the records' writes read from shared memory instead of shuffled from the lane
+# that holds each record: after the fold's decays, sh_G (NREC x K floats) is dead, and [NREC, BV] of the
+# writes fit there (BV = K at a whole head per CTA); each lane stores its record's writes of the warp's
+# rows there (16-byte chunks swizzled by record, 4-way conflicts), the fold reads record m's writes as
+# broadcasts. A shuffle and four FMAs per row and record, against a broadcast load and four FMAs.
+FOLD_WRITES_STORED = (
+    "        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n + t - 1) * K + e]);\n"
+    "        __syncthreads();\n")
+FOLD_WRITES_FROM_SHARED = [
+    (FOLD_WRITES_STORED, FOLD_WRITES_STORED +
+     "        static_assert(BV <= K && RPW % 4 == 0 && BV % 32 == 0 && NREC <= 32, \"the writes fit in sh_G\");\n"
+     "        float* const sh_wf = sh_G;  // [NREC, BV]: record m's writes of the CTA's rows (sh_G is dead here)\n"
+     "        #pragma unroll\n"
+     "        for (int r = 0; r < RPW; r += 4) {\n"
+     "            const int c = (warp * RPW + r) / 4;\n"
+     "            if (lane < n + t) *reinterpret_cast<float4*>(sh_wf + lane * BV + ((c ^ (lane & 7)) * 4)) =\n"
+     "                make_float4(wv[r], wv[r + 1], wv[r + 2], wv[r + 3]);\n"
+     "        }\n"
+     "        __syncwarp();\n"),
+    ("const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
+     "const float wm = sh_wf[m * BV + ((((warp * RPW + r) >> 2) ^ (m & 7)) << 2) + (r & 3)];"),
+    ("const float wm = __shfl_sync(0xffffffffu, (r0 + r < RPW ? wv[r0 + r] : 0.f), m);",
+     "const float wm = r0 + r < RPW ? sh_wf[m * BV + ((((warp * RPW + r0 + r) >> 2) ^ (m & 7)) << 2) + ((r0 + r) & 3)] : 0.f;"),
+]
+VARIANTS["fold writes from shared"] = [replay_step_edits(FOLD_WRITES_FROM_SHARED[:2]), in_kernel(
+    "replay_step", lambda text: text.replace(*FOLD_WRITES_FROM_SHARED[2]))]  # the shared rows' fold, where there are any
+VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
     "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),
@@ -414,7 +440,7 @@ def main() -> None:
                         held = cp.arange(rows, dtype=cp.int32) % config.window
                         times["replay n=b mod L held"] = time_step(cp, cache, kernel, rows, batch_dev, tokens,
                                                                    out, fill=held)
-                        times["replay held, no fold"] = time_step(
+                        times["replay n=b mod L held, no fold"] = time_step(
                             cp, cache, kernel, rows, batch_dev, tokens, out,
                             fill=cp.minimum(held, config.window - 2))
                 del cache
