@@ -335,6 +335,13 @@ FOLD_WRITES_FROM_SHARED = [
 ]
 VARIANTS["fold writes from shared"] = [replay_step_edits(FOLD_WRITES_FROM_SHARED[:2]), in_kernel(
     "replay_step", lambda text: text.replace(*FOLD_WRITES_FROM_SHARED[2]))]  # the shared rows' fold, where there are any
+# A bound (results wrong, time right): the fused fold without its records' rank-one updates (the rows
+# scaled by the decay and stored, the keys decayed, no loop over the records): what the fold's
+# arithmetic costs against its state write.
+VARIANTS["fold without its records' updates (bound)"] = [in_kernel("replay_step", lambda text: (
+    text if text.count("for (int m = 0; m < n + t; ++m) {") else
+    (_ for _ in ()).throw(NotApplicable("no fold loop"))).replace(
+        "for (int m = 0; m < n + t; ++m) {", "for (int m = 0; m < 0; ++m) {"))]
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
