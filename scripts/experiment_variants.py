@@ -342,6 +342,13 @@ VARIANTS["fold without its records' updates (bound)"] = [in_kernel("replay_step"
     text if text.count("for (int m = 0; m < n + t; ++m) {") else
     (_ for _ in ()).throw(NotApplicable("no fold loop"))).replace(
         "for (int m = 0; m < n + t; ++m) {", "for (int m = 0; m < 0; ++m) {"))]
+# The fused fold's loops over the records unrolled (by 2 or 4, a remainder loop after), so the next
+# records' key and write loads issue while the current record's FMAs run.
+FOLD_LOOP = "for (int m = 0; m < n + t; ++m) {"
+for _u in (2, 4):
+    VARIANTS[f"fold loops unrolled by {_u}"] = [in_kernel("replay_step", lambda text, u=_u: (
+        text if FOLD_LOOP in text else (_ for _ in ()).throw(NotApplicable("no fold loop"))).replace(
+            FOLD_LOOP, f"#pragma unroll {u}\n        " + FOLD_LOOP))]
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
