@@ -317,7 +317,7 @@ VARIANTS["fast exponentials, scores only"] = [replay_step_edits([(
 FOLD_WRITES_STORED = (
     "        for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[(n + t - 1) * K + e]);\n"
     "        __syncthreads();\n")
-FOLD_WRITES_FROM_SHARED = [
+FOLD_WRITES_FROM_SHARED = [  # the writes stored, and the register rows' fold reading them: each exactly once
     (FOLD_WRITES_STORED, FOLD_WRITES_STORED +
      "        static_assert(BV <= K && RPW % 4 == 0 && BV % 32 == 0 && NREC <= 32, \"the writes fit in sh_G\");\n"
      "        float* const sh_wf = sh_G;  // [NREC, BV]: record m's writes of the CTA's rows (sh_G is dead here)\n"
@@ -330,25 +330,32 @@ FOLD_WRITES_FROM_SHARED = [
      "        __syncwarp();\n"),
     ("const float wm = __shfl_sync(0xffffffffu, wv[r], m);",
      "const float wm = sh_wf[m * BV + ((((warp * RPW + r) >> 2) ^ (m & 7)) << 2) + (r & 3)];"),
-    ("const float wm = __shfl_sync(0xffffffffu, (r0 + r < RPW ? wv[r0 + r] : 0.f), m);",
-     "const float wm = r0 + r < RPW ? sh_wf[m * BV + ((((warp * RPW + r0 + r) >> 2) ^ (m & 7)) << 2) + ((r0 + r) & 3)] : 0.f;"),
 ]
-VARIANTS["fold writes from shared"] = [replay_step_edits(FOLD_WRITES_FROM_SHARED[:2]), in_kernel(
-    "replay_step", lambda text: text.replace(*FOLD_WRITES_FROM_SHARED[2]))]  # the shared rows' fold, where there are any
+SHARED_ROWS_FOLD_WRITES = (  # the shared rows' fold, at launches that have shared rows
+    "const float wm = __shfl_sync(0xffffffffu, (r0 + r < RPW ? wv[r0 + r] : 0.f), m);",
+    "const float wm = r0 + r < RPW ? sh_wf[m * BV + ((((warp * RPW + r0 + r) >> 2) ^ (m & 7)) << 2) + ((r0 + r) & 3)] : 0.f;")
+VARIANTS["fold writes from shared"] = [replay_step_edits(FOLD_WRITES_FROM_SHARED),
+                                       in_kernel("replay_step", lambda text: text.replace(*SHARED_ROWS_FOLD_WRITES))]
+FOLD_LOOP = "for (int m = 0; m < n + t; ++m) {"  # the fused fold's loops over the records (register rows, shared rows)
+
+
+def fold_loops_as(new: str):
+    """The replay step's fused-fold loops over the records, every one of them, rewritten as ``new``."""
+    def edit(text: str) -> str:
+        if FOLD_LOOP not in text:
+            raise NotApplicable("no fold loop")
+        return text.replace(FOLD_LOOP, new)
+    return in_kernel("replay_step", edit)
+
+
 # A bound (results wrong, time right): the fused fold without its records' rank-one updates (the rows
 # scaled by the decay and stored, the keys decayed, no loop over the records): what the fold's
 # arithmetic costs against its state write.
-VARIANTS["fold without its records' updates (bound)"] = [in_kernel("replay_step", lambda text: (
-    text if text.count("for (int m = 0; m < n + t; ++m) {") else
-    (_ for _ in ()).throw(NotApplicable("no fold loop"))).replace(
-        "for (int m = 0; m < n + t; ++m) {", "for (int m = 0; m < 0; ++m) {"))]
+VARIANTS["fold without its records' updates (bound)"] = [fold_loops_as("for (int m = 0; m < 0; ++m) {")]
 # The fused fold's loops over the records unrolled (by 2 or 4, a remainder loop after), so the next
 # records' key and write loads issue while the current record's FMAs run.
-FOLD_LOOP = "for (int m = 0; m < n + t; ++m) {"
 for _u in (2, 4):
-    VARIANTS[f"fold loops unrolled by {_u}"] = [in_kernel("replay_step", lambda text, u=_u: (
-        text if FOLD_LOOP in text else (_ for _ in ()).throw(NotApplicable("no fold loop"))).replace(
-            FOLD_LOOP, f"#pragma unroll {u}\n        " + FOLD_LOOP))]
+    VARIANTS[f"fold loops unrolled by {_u}"] = [fold_loops_as(f"#pragma unroll {_u}\n        " + FOLD_LOOP)]
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
