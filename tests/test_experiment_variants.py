@@ -23,7 +23,7 @@ def test_every_variant_applies_to_the_rendered_kernels(preset_name, label):
         pytest.skip(f"{label}: a variant of {', '.join(SCRIPT.VARIANT_PRESETS[label])} only")
     p = preset(preset_name)
     program = lower(variants.get(p.variant), p.shape, ReplayConfig())
-    launch = LaunchConfig(8, 8, 64)
+    launch = LaunchConfig.from_label(SCRIPT.VARIANT_TEST_LAUNCH.get(label, "8x8/r64"))  # a variant of shared rows at a launch with them
     render = SCRIPT.patched_renderer(SCRIPT.VARIANTS[label])
     source = render(program, launch)  # SystemExit names the edit that no longer applies
     assert "replay_step(" in source
