@@ -362,7 +362,8 @@ for _u in (2, 4):
 # g + 8, elements 16 m + 4 q .. + 3). The shared rows are read there in that layout; the register rows
 # are stored decayed first (per-lane layout) and read back from L2 (``__ldcg``, after ``__syncwarp``).
 # The writes (A operands) come from ``sh_w`` (record n stored by lane n) or, where the launch keeps
-# them in registers (``/w``), from ``sh_G``, dead after the decays, as [NREC, 16] per warp.
+# them in registers (``/w``), from ``sh_G`` (a decay vector's: dead after the decays) as [NREC, 16] per
+# warp, or else by shuffles from the lanes that hold them. Modules at other launches stay unedited.
 FOLD_START = "    if (flush) {\n        for (int x = tid; x < (n + t) * K; x += THREADS) {\n"
 FOLD_END = "\n    if (tid == 0 && (sh_fill_word"
 
@@ -375,20 +376,32 @@ def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
     end = text.index(FOLD_END, barrier)
     vector_decay = "sh_ed[e]" in text[start:end]
     writes_in_shared = "__shared__ __align__(16) float sh_w[" in text
-    if writes_in_shared:
+    if writes_in_shared:  # the staged records, and record n stored by lane n
         stash = ("        if (lane == n) {  // the token's writes into record n's place (past the staged records)\n"
                  "            #pragma unroll\n"
                  "            for (int r = 0; r < RPW; ++r) sh_w[n * W_PITCH + warp * RPW + r] = wv[r];\n"
-                 "        }\n"
-                 "#define FOLD_WRITE(m, r) sh_w[(m) * W_PITCH + warp * RPW + (r)]\n")
-    else:
+                 "        }\n")
+        a_fragment = ("                split_a_fragment(l0 ? sh_w[m0 * W_PITCH + warp * RPW + g] : 0.f, l0 ? sh_w[m0 * W_PITCH + warp * RPW + g + 8] : 0.f,\n"
+                      "                                 l1 ? sh_w[m1 * W_PITCH + warp * RPW + g] : 0.f, l1 ? sh_w[m1 * W_PITCH + warp * RPW + g + 8] : 0.f, ab, as);\n")
+    elif vector_decay:  # sh_G (NREC x K) is dead after the decays: [NREC, RPW] of the warp's writes there
         stash = ("        static_assert(WARPS * RPW <= K, \"the writes fit in sh_G\");\n"
                  "        float* const sh_wf = sh_G + warp * RPW * NREC;  // [NREC, RPW]: the warp's writes (sh_G is dead)\n"
                  "        if (lane < n + t) {\n"
                  "            #pragma unroll\n"
                  "            for (int r = 0; r < RPW; r += 4) *reinterpret_cast<float4*>(sh_wf + lane * RPW + r) = make_float4(wv[r], wv[r + 1], wv[r + 2], wv[r + 3]);\n"
-                 "        }\n"
-                 "#define FOLD_WRITE(m, r) sh_wf[(m) * RPW + (r)]\n")
+                 "        }\n")
+        a_fragment = ("                split_a_fragment(l0 ? sh_wf[m0 * RPW + g] : 0.f, l0 ? sh_wf[m0 * RPW + g + 8] : 0.f,\n"
+                      "                                 l1 ? sh_wf[m1 * RPW + g] : 0.f, l1 ? sh_wf[m1 * RPW + g + 8] : 0.f, ab, as);\n")
+    else:  # the writes in registers only (lane m: record m's, zeros past n + t): 8 shuffles per fragment element
+        stash = ""
+        a_fragment = ("                float a[4] = {0.f, 0.f, 0.f, 0.f};\n"
+                      "                #pragma unroll\n"
+                      "                for (int gg = 0; gg < 8; ++gg) {\n"
+                      "                    const float x0 = __shfl_sync(0xffffffffu, wv[gg], m0), x1 = __shfl_sync(0xffffffffu, wv[gg + 8], m0);\n"
+                      "                    const float x2 = __shfl_sync(0xffffffffu, wv[gg], m1), x3 = __shfl_sync(0xffffffffu, wv[gg + 8], m1);\n"
+                      "                    if (g == gg) { a[0] = x0; a[1] = x1; a[2] = x2; a[3] = x3; }\n"
+                      "                }\n"
+                      "                split_a_fragment(a[0], a[1], a[2], a[3], ab, as);\n")
     if vector_decay:
         reg_decay = ("        #pragma unroll\n        for (int i = 0; i < KE; ++i) {\n"
                      "            const int e = k_index(i, lane);\n            const float a = (e < K) ? sh_ed[e] : 0.f;\n"
@@ -437,8 +450,7 @@ def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
         "                const int m0 = k0 + q, m1 = k0 + q + 4;\n"
         "                const bool l0 = m0 < n + t, l1 = m1 < n + t;\n"
         "                unsigned ab[4], as[4];\n"
-        "                split_a_fragment(l0 ? FOLD_WRITE(m0, g) : 0.f, l0 ? FOLD_WRITE(m0, g + 8) : 0.f,\n"
-        "                                 l1 ? FOLD_WRITE(m1, g) : 0.f, l1 ? FOLD_WRITE(m1, g + 8) : 0.f, ab, as);\n"
+        + a_fragment +
         "                #pragma unroll\n"
         "                for (int mm = 0; mm < GROUPS; ++mm) {\n"
         "                    const int e = 16 * (GROUPS * hf + mm) + 4 * (g >> 1) + 2 * (g & 1);\n"
@@ -462,7 +474,6 @@ def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
         "            }\n"
         "        }\n"
         "        }\n"
-        "#undef FOLD_WRITE\n"
         "    }")
     return text[:barrier] + body + text[end:]
 
@@ -474,14 +485,30 @@ def fold_on_tensor_cores(passes: int):
     def edit(source: str) -> str:
         k = re.search(r"^#define K (\d+)$", source, re.M)
         if "#define RPW 16\n" not in source or "typedef float STATE_T;\n" not in source or not k or int(k.group(1)) % 16:
-            raise NotApplicable("not float32 state at 16 rows per warp and K a multiple of 16")
+            return source  # another launch's module (the conventional group's, say): unedited
         return fold(source)
     return edit
 
 
 VARIANTS["fold on tensor cores"] = [fold_on_tensor_cores(2)]
 VARIANTS["fold on tensor cores, K in 4 passes"] = [fold_on_tensor_cores(4)]
-VARIANT_TEST_LAUNCH = {label: "8x16/r80/s11/w" for label in ("fold on tensor cores", "fold on tensor cores, K in 4 passes")}  # launches with shared rows (the rest: 8x8/r64)
+# Two bounds of it (results wrong, time right): the register rows not read back through L2 (their
+# fragments start at zero), and no products (the rows decayed and stored in fragment layout only).
+TC_REGISTER_ROWS_BACK = "if (r < RREG) x = __ldcg(reinterpret_cast<const float4*>(dst_rows + r * K + e));"
+TC_PRODUCTS = "for (int k0 = 0; k0 < n + t; k0 += 8) {"
+
+
+def _tc_fold_then(old: str, new: str):
+    def edit(source: str) -> str:
+        edited = fold_on_tensor_cores(2)(source)
+        return edited.replace(old, new) if edited != source else source
+    return edit
+
+
+VARIANTS["fold on tensor cores, register rows not read back (bound)"] = [
+    _tc_fold_then(TC_REGISTER_ROWS_BACK, "if (r < RREG) x = make_float4(0.f, 0.f, 0.f, 0.f);")]
+VARIANTS["fold on tensor cores, no products (bound)"] = [_tc_fold_then(TC_PRODUCTS, "for (int k0 = 0; k0 < 0; k0 += 8) {")]
+VARIANT_TEST_LAUNCH = {label: "8x16/r80/s11/w" for label in VARIANTS if label.startswith("fold on tensor cores")}  # launches with shared rows (the rest: 8x8/r64)
 
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
