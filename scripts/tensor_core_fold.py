@@ -25,6 +25,8 @@ FOLD_END = "\n    if (tid == 0 && (sh_fill_word"
 
 
 def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
+    """The replay step's text (``text``) with its fold after the keys' decays replaced: K in ``passes``
+    passes of 2·K/16/passes accumulator tiles each (2 keeps 32 accumulators per lane)."""
     if FOLD_START not in text or "sh_rows" not in text:
         raise NotApplicable("no fused fold with shared rows")
     start = text.index(FOLD_START)
