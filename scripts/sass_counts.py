@@ -9,7 +9,8 @@ device time is spent on timing it.
 ``nvdisasm`` is not in the NVRTC wheel: ``pip download --no-deps nvidia-cuda-nvdisasm==13.2.51`` (a
 newer one reads sm_90 cubins too), unzip it and pass ``--nvdisasm PATH`` or put it on ``PATH``.
 
-Usage: ``python scripts/sass_counts.py qwen3.5-4b 8x8/r64 [--kernels replay_step verify]``.
+Usage: ``python scripts/sass_counts.py qwen3.5-4b 8x8/r64 [--kernels replay_step verify] [--variant
+"fold on tensor cores"]`` (``--variant``: one of ``experiment_variants.py``'s source edits first).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import argparse
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections import Counter
+from pathlib import Path
 
 from replayssm_dsl.config import RAW_RECORD_FIELDS, parse_raw_record_fields
 
@@ -68,19 +71,33 @@ def report(kernels: dict[str, list[str]], names=None, top: int = 10, resources=N
     return "\n".join(lines)
 
 
-def disassemble(preset_name: str, label: str, nvdisasm: str, token_dtype: str = "float32",
-                record_dtype: str = "float32", raw_record_fields: tuple = RAW_RECORD_FIELDS) -> tuple[str, dict]:
-    """nvdisasm's text of the program at that launch shape (the benchmark's settings for the preset),
-    and ptxas's resources per kernel."""
+def program_source(preset_name: str, label: str, token_dtype: str = "float32", record_dtype: str = "float32",
+                   raw_record_fields: tuple = RAW_RECORD_FIELDS, variant: str | None = None) -> str:
+    """The whole program's CUDA source at that launch shape (the benchmark's settings for the preset);
+    with ``variant``, one of ``experiment_variants.py``'s labels, its edits applied."""
     from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.lowering.lower import lower
     from replayssm_dsl.lowering.render_cuda import render_program
     from replayssm_dsl.runtime.benchmark import preset_setup
-    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
 
     decl, shape, config, _, _ = preset_setup(preset_name, token_dtype, record_dtype, raw_record_fields)
     program = lower(decl, shape, config)
-    result = compile_cubin(render_program(program, LaunchConfig.from_label(label)), f"{preset_name}.cu")
+    render = render_program
+    if variant is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import experiment_variants
+        render = experiment_variants.patched_renderer(experiment_variants.VARIANTS[variant])
+    return render(program, LaunchConfig.from_label(label))
+
+
+def disassemble(preset_name: str, label: str, nvdisasm: str, token_dtype: str = "float32",
+                record_dtype: str = "float32", raw_record_fields: tuple = RAW_RECORD_FIELDS,
+                variant: str | None = None) -> tuple[str, dict]:
+    """nvdisasm's text of ``program_source`` compiled for sm_90, and ptxas's resources per kernel."""
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+
+    source = program_source(preset_name, label, token_dtype, record_dtype, raw_record_fields, variant)
+    result = compile_cubin(source, f"{preset_name}.cu")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(result.cubin)
         cubin.flush()
@@ -99,6 +116,7 @@ def main() -> int:
     parser.add_argument("--record-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
                         help="with --record-dtype bfloat16: comma-separated, out of key and decay")
+    parser.add_argument("--variant", help="one of experiment_variants.py's labels: its edits applied first")
     args = parser.parse_args()
     from replayssm_dsl.lowering.launch import LaunchConfig
     try:
@@ -108,7 +126,7 @@ def main() -> int:
     if not args.nvdisasm:
         parser.error("--nvdisasm: not on PATH; see this script's docstring for where to get it")
     text, resources = disassemble(args.preset, args.launch, args.nvdisasm, args.token_dtype, args.record_dtype,
-                                  args.raw_record_fields)
+                                  args.raw_record_fields, args.variant)
     print(report(parse(text), args.kernels, resources=resources))
     return 0
 

@@ -43,3 +43,14 @@ def test_phases_split_at_each_barrier():
     report = sass.report({"replay_step": opcodes, "flush": ["EXIT"]}, names=["replay_step"])
     assert report.startswith(f"replay_step: {len(opcodes)} instructions; between barriers {runs}")
     assert "flush" not in report
+
+
+def test_a_variant_is_counted_with_its_edits_and_only_then():
+    """``--variant``: the source that is compiled and counted carries that variant's edits (the fold
+    on tensor cores' ``mma_3xtf32`` in the replay step), and without it the generator's own."""
+    sass = load_script("sass_counts")
+    edited = sass.program_source("kimi-linear", "8x16/r80/s12/w/v", variant="fold on tensor cores")
+    plain = sass.program_source("kimi-linear", "8x16/r80/s12/w/v")
+    step = edited[edited.index(") replay_step("):edited.index("extern \"C\" __global__", edited.index(") replay_step("))]
+    assert "mma_3xtf32(c[2 * mm]" in step
+    assert "mma_3xtf32(c[2 * mm]" not in plain and edited != plain
