@@ -22,6 +22,7 @@ from source_edits import NotApplicable, in_kernel
 # warp, or else by shuffles from the lanes that hold them. Modules at other launches stay unedited.
 FOLD_START = "    if (flush) {\n        for (int x = tid; x < (n + t) * K; x += THREADS) {\n"
 FOLD_END = "\n    if (tid == 0 && (sh_fill_word"
+FOLD_LOOP = "        for (int m = 0; m < n + t; ++m) {"  # the SIMT fold's first loop over the records
 
 
 def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
@@ -60,16 +61,10 @@ def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
                       "                    if (g == gg) { a[0] = x0; a[1] = x1; a[2] = x2; a[3] = x3; }\n"
                       "                }\n"
                       "                split_a_fragment(a[0], a[1], a[2], a[3], ab, as);\n")
-    if vector_decay:
-        reg_decay = ("        #pragma unroll\n        for (int i = 0; i < KE; ++i) {\n"
-                     "            const int e = k_index(i, lane);\n            const float a = (e < K) ? sh_ed[e] : 0.f;\n"
-                     "            #pragma unroll\n            for (int r = 0; r < RREG; ++r) s[r][i] *= a;\n        }\n")
-        scale = "const float4 d = *reinterpret_cast<const float4*>(sh_ed + e);"
-    else:
-        reg_decay = ("        const float a = expf(sh_G[n + t - 1]);\n        #pragma unroll\n"
-                     "        for (int r = 0; r < RREG; ++r)\n            #pragma unroll\n"
-                     "            for (int i = 0; i < KE; ++i) s[r][i] *= a;\n")
-        scale = "const float4 d = make_float4(a, a, a, a);"
+    # the register rows' decay as the generator writes it (the lines before its first loop over the records)
+    reg_decay = text[barrier:text.index(FOLD_LOOP, barrier)]
+    scale = ("const float4 d = *reinterpret_cast<const float4*>(sh_ed + e);" if vector_decay
+             else "const float4 d = make_float4(a, a, a, a);")  # (a: the scalar decay, from those lines)
     body = (
         "        static_assert(RPW == 16 && K % 16 == 0 && VEC == 4 && sizeof(STATE_T) == 4, \"the fold's tensor-core layout\");\n"
         + stash + reg_decay +
@@ -81,7 +76,6 @@ def _fold_on_tensor_cores(text: str, passes: int = 2) -> str:
         "        {\n"
         "        const int g = lane >> 2, q = lane & 3;\n"
         "        STATE_T* const dst_rows = checkpoint + ((size_t)dst * HV + hv) * V * K + (size_t)(v0 + warp * RPW) * K;\n"
-        "        #pragma unroll\n"
         f"        constexpr int PASSES = {passes}, GROUPS = K / 16 / PASSES;  // passes over K, 16-element groups each\n"
         "        #pragma unroll\n"
         "        for (int hf = 0; hf < PASSES; ++hf) {  // 2 GROUPS tiles of 8 columns each\n"
@@ -158,9 +152,14 @@ TC_PRODUCTS = "for (int k0 = 0; k0 < n + t; k0 += 8) {"
 
 
 def _tc_fold_then(old: str, new: str):
+    """The fold on tensor cores with ``old`` (once in its text) replaced by ``new``: one of its bounds."""
     def edit(source: str) -> str:
         edited = fold_on_tensor_cores(2)(source)
-        return edited.replace(old, new) if edited != source else source
+        if edited == source:
+            return source  # a module the fold leaves unedited
+        if edited.count(old) != 1:
+            raise SystemExit(f"bound edit does not apply once to the fold on tensor cores: {old[:60]!r}")
+        return edited.replace(old, new)
     return edit
 
 
