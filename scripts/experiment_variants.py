@@ -337,6 +337,16 @@ VARIANTS["fold without its records' updates (bound)"] = [fold_loops_as("for (int
 # records' key and write loads issue while the current record's FMAs run.
 for _u in (2, 4):
     VARIANTS[f"fold loops unrolled by {_u}"] = [fold_loops_as(f"#pragma unroll {_u}\n        " + FOLD_LOOP)]
+# A bound for scheduling the folding rows' CTAs first (a fold takes about twice a replay CTA's time,
+# and the ones that start last set the step's end): CTA row z takes batch row b = z L + L - 1 for the
+# first B / L of them, the other rows in order after. Only the held fills b mod L put the folding
+# rows there, so it is timed with them (B a multiple of L), beside the base with the same fills.
+VARIANTS["folding rows first (bound, fills held)"] = [replay_step_edits([(
+    "    const int b = blockIdx.z, hv = blockIdx.y,",
+    "    const int z = blockIdx.z, folding_rows = gridDim.z / WINDOW;\n"
+    "    const int b = z < folding_rows ? z * WINDOW + WINDOW - 1\n"
+    "                                   : (z - folding_rows) / (WINDOW - 1) * WINDOW + (z - folding_rows) % (WINDOW - 1), hv = blockIdx.y,")])]
+HELD_FILLS = {"folding rows first (bound, fills held)"}  # variants timed (besides) with the fills b mod L held
 VARIANTS.update(tensor_core_fold.VARIANTS)
 VARIANT_TEST_LAUNCH = tensor_core_fold.TEST_LAUNCH  # launches with shared rows (the rest: 8x8/r64)
 VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
@@ -438,6 +448,9 @@ def main() -> None:
                     if label == "base":
                         times["replay n=L-1"] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out,
                                                           fill=config.window - 1)
+                    if label == "base" or label in HELD_FILLS:
+                        if label in HELD_FILLS and rows % config.window:
+                            raise SystemExit(f"{label}: --batch must be a multiple of the window L = {config.window}")
                         # the fold's share of the mixed steady state: the fills b mod L held (reset before
                         # every step, so the same 1/L of rows fold each time) against the same fills with
                         # the folding rows at L - 2 (no row folds; the mean fill 1/L^2 of a record lower)
