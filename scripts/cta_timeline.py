@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from replayssm_dsl.lowering.launch import LaunchConfig
-from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime import benchmark, cuda_module
 from replayssm_dsl.runtime.benchmark import mixed_steady_state, preset_setup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_variants import patched_renderer, scratch_cache  # noqa: E402
+from experiment_variants import patched_renderer, scratch_cache, step_inputs  # noqa: E402
 from launch_overhead import LAUNCHES  # noqa: E402
 from source_edits import in_kernel  # noqa: E402
 
@@ -124,9 +123,7 @@ def main() -> None:
     rows, table = args.batch, []
     for name in args.presets.split(","):
         decl, shape, config, rng, params = preset_setup(name)
-        tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
-                  for _ in range(4)]
-        out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
+        tokens, out = step_inputs(cp, decl, shape, rng, rows)
         for kernel, label in (("replay_step", LAUNCHES[name][0]), ("conventional_step", LAUNCHES[name][1])):
             cache = scratch_cache(decl, shape, config, rows, params, LaunchConfig.from_label(label))
             found = timeline(cp, cache, kernel, rows, mixed_steady_state(cache, rows), tokens, out, args.launches, args.no_fold)

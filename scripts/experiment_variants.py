@@ -392,6 +392,14 @@ def time_step(cp, cache, kernel, batch, batch_dev, tokens, out, fill=None) -> fl
     return time_graphs(cp, stream, graphs, 60)
 
 
+def step_inputs(cp, decl, shape, rng, rows: int, sets: int = 4):
+    """``sets`` device token sets of one token for ``rows`` rows (float32, ``[rows, 1, ...]``) and an
+    output ``[rows, 1, HV, V]``, as the measurement scripts time the steps."""
+    tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
+              for _ in range(sets)]
+    return tokens, cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
+
+
 def scratch_cache(decl, shape, config, rows, params, launch):
     """A cache of ``rows`` slots at ``launch`` whose kernels render through the current (patched)
     renderer, with small constant state and records."""
@@ -421,9 +429,7 @@ def main() -> None:
     table = []
     for name in args.presets.split(","):
         decl, shape, config, rng, params = preset_setup(name)
-        tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
-                  for _ in range(4)]
-        out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
+        tokens, out = step_inputs(cp, decl, shape, rng, rows)
         state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
         copy_ms, read_ms = _floors(cp, state_bytes, 60)
         table.append((name, "floors", f"copy {copy_ms:.5f}", f"read {read_ms:.5f}", ""))

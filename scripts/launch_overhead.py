@@ -26,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from replayssm_dsl.lowering.launch import LaunchConfig
-from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime import benchmark
 from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_variants import scratch_cache  # noqa: E402
+from experiment_variants import scratch_cache, step_inputs  # noqa: E402
 
 LAUNCHES = {  # preset: (replay step, conventional step), the launches the tuner picked at B = 256
     "nemotron-nano-4b": ("4x20/r96/s10", "4x16"),
@@ -82,9 +81,7 @@ def conv_times(cp, cache, rows: int, tokens, out, reps: int) -> dict:
 
 def measure(cp, name: str, rows: int, launches: tuple[str, str], reps: int) -> dict:
     decl, shape, config, rng, params = preset_setup(name)
-    tokens = [{k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (rows,)).items()}
-              for _ in range(4)]
-    out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
+    tokens, out = step_inputs(cp, decl, shape, rng, rows)
     res = {}
     for times, label in ((replay_times, launches[0]), (conv_times, launches[1])):
         cache = scratch_cache(decl, shape, config, rows, params, LaunchConfig.from_label(label))
