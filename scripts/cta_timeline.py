@@ -61,7 +61,9 @@ def probe(kernel: str, fill: str):
     return in_kernel(kernel, edit)
 
 
-def summary(words: np.ndarray, event_ms: float) -> dict:
+def summary(words: np.ndarray, event_ms: float, window: int) -> dict:
+    """One launch's timeline from its probe words (per CTA: start, end, SM, fill); a CTA at fill
+    ``window - 1`` folds."""
     t0, t1, fill = words[:, 0].astype(np.int64), words[:, 1].astype(np.int64), words[:, 3]
     start, end = t0.min(), t1.max()
     duration = (t1 - t0) / 1e3
@@ -69,7 +71,7 @@ def summary(words: np.ndarray, event_ms: float) -> dict:
     events = events[np.lexsort((events[:, 1], events[:, 0]))]
     resident = np.cumsum(events[:, 1]).max()
     span = (end - start) / 1e3
-    folding = fill >= 15
+    folding = fill >= window - 1
     sm = words[:, 2].astype(np.int64)
     sm_last_end = np.array([t1[sm == i].max() for i in np.unique(sm)])
     return {"event us": event_ms * 1e3, "span us": span, "ramp us": (t1.min() - start) / 1e3,
@@ -105,7 +107,7 @@ def timeline(cp, cache, kernel: str, rows: int, batch, tokens, out, launches: in
             continue
         words = cp.asnumpy(probe_words).reshape(-1, 4)
         grid_ctas = grid_ctas or int(np.flatnonzero(words[:, 1]).max()) + 1
-        found.append(summary(words[:grid_ctas], cp.cuda.get_elapsed_time(start, stop)))
+        found.append(summary(words[:grid_ctas], cp.cuda.get_elapsed_time(start, stop), cache.config.window))
     return found
 
 

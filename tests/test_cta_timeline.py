@@ -44,7 +44,7 @@ def test_summary_of_a_synthetic_timeline():
     """Two SMs, two CTAs each one after the other (1 us apart in start), 10 us per CTA, fills 0 and 15."""
     t0 = np.array([0, 1_000, 10_000, 11_000], np.uint64)
     words = np.stack([t0, t0 + 10_000, np.array([0, 1, 0, 1], np.uint64), np.array([0, 15, 0, 15], np.uint64)], 1)
-    found = SCRIPT.summary(words, event_ms=0.025)
+    found = SCRIPT.summary(words, event_ms=0.025, window=16)
     assert found["event us"] == pytest.approx(25.0)
     assert found["span us"] == pytest.approx(21.0)
     assert found["ramp us"] == pytest.approx(10.0)
