@@ -430,12 +430,15 @@ def main() -> None:
     for name in args.presets.split(","):
         decl, shape, config, rng, params = preset_setup(name)
         tokens, out = step_inputs(cp, decl, shape, rng, rows)
-        state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
-        copy_ms, read_ms = _floors(cp, state_bytes, 60)
-        table.append((name, "floors", f"copy {copy_ms:.5f}", f"read {read_ms:.5f}", ""))
         chosen = VARIANTS | (CACHE_HINTS if args.cache_hints else {})
         if args.variants:
             chosen = {label: chosen[label] for label in args.variants.split(";")}
+        held_misfit = [label for label in chosen if label in HELD_FILLS and rows % config.window]
+        if held_misfit:  # before any timing
+            raise SystemExit(f"{held_misfit[0]}: --batch must be a multiple of the window L = {config.window}")
+        state_bytes = rows * shape.heads * shape.v_dim * shape.k_dim * 4
+        copy_ms, read_ms = _floors(cp, state_bytes, 60)
+        table.append((name, "floors", f"copy {copy_ms:.5f}", f"read {read_ms:.5f}", ""))
         for label, edits in chosen.items():
             if name not in VARIANT_PRESETS.get(label, (name,)):
                 continue
@@ -455,8 +458,6 @@ def main() -> None:
                         times["replay n=L-1"] = time_step(cp, cache, kernel, rows, batch_dev, tokens, out,
                                                           fill=config.window - 1)
                     if label == "base" or label in HELD_FILLS:
-                        if label in HELD_FILLS and rows % config.window:
-                            raise SystemExit(f"{label}: --batch must be a multiple of the window L = {config.window}")
                         # the fold's share of the mixed steady state: the fills b mod L held (reset before
                         # every step, so the same 1/L of rows fold each time) against the same fills with
                         # the folding rows at L - 2 (no row folds; the mean fill 1/L^2 of a record lower)
