@@ -1,0 +1,50 @@
+"""Tests of scripts/experiment_pdl.py (no GPU): its edit, the wait before the first token read with the
+token prefetches dropped, applies to both step kernels of every preset at its launch shapes and builds
+them clean; it refuses a kernel without the marker."""
+
+from __future__ import annotations
+
+import pytest
+
+from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.lower import lower
+
+from scripts_loader import load_script
+
+SCRIPT = load_script("experiment_pdl")
+VARIANTS = load_script("experiment_variants")
+
+
+def _kernel_text(source: str, name: str) -> str:
+    start = source.index(f") {name}(")
+    end = source.find('extern "C" __global__', start)
+    return source[start:end if end >= 0 else len(source)]
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("preset_name", sorted(PRESETS))
+def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name):
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    p = preset(preset_name)
+    program = lower(variants.get(p.variant), p.shape, ReplayConfig())
+    for kernel, label in zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name]):
+        launch = LaunchConfig.from_label(label)
+        source = VARIANTS.patched_renderer(SCRIPT.PDL_EDIT)(program, launch)
+        text = _kernel_text(source, kernel)
+        assert text.count("griddepcontrol.wait") == 1
+        wait = text.index("griddepcontrol.wait")
+        body = text[text.index("{\n"):]  # past the parameter list, whose names start with tok_
+        first_token = body.index("tok_") + text.index("{\n")
+        assert wait < first_token, f"{kernel}: a token is read before the wait"
+        assert "prefetch_l1(tok_" not in text
+        result = compile_cubin(source, f"pdl-{preset_name}.cu")
+        assert not result.warnings, result.log
+        res = result.resources[kernel]
+        assert res.clean and res.registers <= launch.max_registers, f"{preset_name} {kernel} {label}: {res}"
+
+
+def test_the_edit_refuses_a_kernel_without_its_marker():
+    with pytest.raises(SystemExit, match="PDL edit does not apply"):
+        SCRIPT.PDL_EDIT[0]("extern \"C\" __global__ void __launch_bounds__(128) replay_step(float* x) {\n}\n")
