@@ -9,13 +9,15 @@ a ``griddepcontrol.wait`` before its first token read, the producer's CTAs calli
 producer still runs; the wait holds each thread until the producer has finished and its writes are
 visible.
 
-For each preset at its tuned launches (``launch_overhead.LAUNCHES``) and batch size this times, with
-CUDA graphs behind the benchmark's busy kernel (``capture_graphs`` / ``time_graphs``):
+For each preset and batch size, at the launches the tuner picked (``B1_LAUNCHES`` at B = 1,
+``launch_overhead.LAUNCHES``, B = 256's, otherwise), this times, with CUDA graphs behind the
+benchmark's busy kernel (``capture_graphs`` / ``time_graphs``):
 
 * the producer alone: a grid-stride copy of the step's token bytes from a source set into the arrays the
   step reads;
-* each step alone (the benchmark's way), behind the producer as a plain launch, and behind it as a
-  programmatic dependent (the edited kernel, ``PDL_EDIT``);
+* each step alone (the benchmark's way) and behind the producer as a plain launch, both unedited and
+  edited (``PDL_EDIT``: the wait, no token prefetches), and the edited one behind the producer as a
+  programmatic dependent (``--eager``: that pair also launched eagerly, both ways);
 * FLA's step alone and behind the producer (FLA's Triton kernels have no wait, so a plain launch).
 
 A step's time behind the producer is the pair's time less the producer's. Before timing, every
@@ -49,6 +51,13 @@ from launch_overhead import LAUNCHES  # noqa: E402
 from source_edits import in_kernel  # noqa: E402
 
 STEP_KERNELS = ("replay_step", "conventional_step")
+B1_LAUNCHES = {  # preset: (replay step, conventional step), the launches the tuner picked at B = 1 (the b5dc7a8 run)
+    "nemotron-nano-4b": ("4x8", "4x8/r80"),
+    "nemotron-super-120b": ("4x8/r80", "4x8"),
+    "qwen3.5-4b": ("4x8/r80", "4x8/r80"),
+    "qwen3.5-122b": ("4x8/r80", "4x8/r80"),
+    "kimi-linear": ("8x4/r64", "4x8/r80"),
+}
 FIRST_TOKEN_READ = "    if (warp == 0 % WARPS) {  // the one token's query\n"
 PREFETCH = re.compile(r"^    if \(warp == \d+ % WARPS.*prefetch_l1\(tok_.*\n", re.M)
 WAIT = '    asm volatile("griddepcontrol.wait;" ::: "memory");  // the tokens: written by the kernel before\n'
@@ -135,7 +144,8 @@ def token_sets(cp, decl, shape, rng, rows: int, sets: int):
     return out
 
 
-def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLauncher, producer, reps: int) -> dict:
+def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLauncher, producer, reps: int,
+            eager: bool = False) -> dict:
     decl, shape, config, rng, params = preset_setup(name)
     sets = token_sets(cp, decl, shape, rng, rows, 4)
     out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
@@ -161,20 +171,22 @@ def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLaunche
                     cache.launch_step(batch, tokens, out)
                 else:
                     cache._launch(kernel, rows, batch, tokens, out=out)
+
+            def pair(i, step=step):
+                produce(i)
+                step(i)
             res[key] = time_graphs(cp, *capture_graphs(cp, step, len(sets)), reps, rotation)
+            res[f"producer + {key}"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
         check_pdl(cp, cache, kernel, pdl, produce, step, sets, out)
-        res[f"producer + {short}"] = time_graphs(cp, *capture_graphs(cp, lambda i: (produce(i), step(i)), len(sets)),
-                                                reps, rotation)
         pdl.kernels = {kernel}
-        res[f"producer + {short} (PDL)"] = time_graphs(
-            cp, *capture_graphs(cp, lambda i: (produce(i), step(i)), len(sets)), reps, rotation)
-        with cp.cuda.Stream(non_blocking=True):  # eager too, in case a graph's capture dropped the PDL edge
-            res[f"producer + {short} (PDL, eager)"] = _median_ms(cp, lambda i: (produce(i), step(i)), reps,
-                                                                 rotation=rotation)
-            pdl.kernels = set()
-            res[f"producer + {short} (eager)"] = _median_ms(cp, lambda i: (produce(i), step(i)), reps,
-                                                            rotation=rotation)
-        del cache
+        res[f"producer + {short} (PDL)"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
+        if eager:  # a graph's capture could drop the programmatic edge: the same pair eager, both ways
+            with cp.cuda.Stream(non_blocking=True):
+                res[f"producer + {short} (PDL, eager)"] = _median_ms(cp, pair, reps, rotation=rotation)
+                pdl.kernels = set()
+                res[f"producer + {short} (eager)"] = _median_ms(cp, pair, reps, rotation=rotation)
+        pdl.kernels = set()
+        del cache, step, pair
         cp.get_default_memory_pool().free_all_blocks()
     cuda_module.render_program = patched_renderer([])
     res.update(fla_times(cp, name, shape, rows, produce, reps))
@@ -259,15 +271,15 @@ def fla_times(cp, name: str, shape, rows: int, produce, reps: int) -> dict:
 def derived(res: dict) -> dict:
     """Each step's time behind the producer (the pair less the producer) and the ratios the targets read."""
     p = res["producer"]
-    d = {"conv behind": res["producer + conventional"] - p, "conv behind (PDL)": res["producer + conventional (PDL)"] - p,
-         "replay behind": res["producer + replay"] - p, "replay behind (PDL)": res["producer + replay (PDL)"] - p}
+    d = {f"{k} behind{way}": res[f"producer + {k}{way}"] - p
+         for k in ("conventional", "replay") for way in (" unedited", "", " (PDL)")}
     d["conv/replay alone"] = res["conventional"] / res["replay"]
-    d["conv/replay behind, both PDL"] = d["conv behind (PDL)"] / d["replay behind (PDL)"]
+    d["conv/replay behind, both PDL"] = d["conventional behind (PDL)"] / d["replay behind (PDL)"]
     if "producer + fla" in res:
         d["fla behind"] = res["producer + fla"] - p
         d["fla/replay alone"] = res["fla"] / res["replay"]
         d["fla/replay behind (replay PDL)"] = d["fla behind"] / d["replay behind (PDL)"]
-    d["replay/conv behind, both PDL"] = d["replay behind (PDL)"] / d["conv behind (PDL)"]
+    d["replay/conv behind, both PDL"] = d["replay behind (PDL)"] / d["conventional behind (PDL)"]
     return d
 
 
@@ -276,6 +288,7 @@ def main() -> None:
     parser.add_argument("--presets", default="kimi-linear,qwen3.5-4b")
     parser.add_argument("--batches", default="1,256")
     parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--eager", action="store_true", help="also each pair launched eagerly, PDL and plain")
     args = parser.parse_args()
     import cupy as cp
 
@@ -284,7 +297,8 @@ def main() -> None:
     table = []
     for name in args.presets.split(","):
         for rows in (int(b) for b in args.batches.split(",")):
-            res = measure(cp, name, rows, LAUNCHES[name], pdl, producer, args.reps)
+            launches = B1_LAUNCHES[name] if rows == 1 else LAUNCHES[name]
+            res = measure(cp, name, rows, launches, pdl, producer, args.reps, args.eager)
             res.update(derived(res))
             print(name, rows, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in res.items()}, flush=True)
             table.append((name, rows, res))

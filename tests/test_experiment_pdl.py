@@ -29,7 +29,8 @@ def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     p = preset(preset_name)
     program = lower(variants.get(p.variant), p.shape, ReplayConfig())
-    for kernel, label in zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name]):
+    labels = {*zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name]), *zip(SCRIPT.STEP_KERNELS, SCRIPT.B1_LAUNCHES[preset_name])}
+    for kernel, label in sorted(labels):
         launch = LaunchConfig.from_label(label)
         source = VARIANTS.patched_renderer(SCRIPT.PDL_EDIT)(program, launch)
         text = _kernel_text(source, kernel)
