@@ -15,9 +15,11 @@ benchmark's busy kernel (``capture_graphs`` / ``time_graphs``):
 
 * the producer alone: a grid-stride copy of the step's token bytes from a source set into the arrays the
   step reads;
-* each step alone (the benchmark's way) and behind the producer as a plain launch, both unedited and
-  edited (``PDL_EDIT``: the wait, no token prefetches), and the edited one behind the producer as a
-  programmatic dependent (``--eager``: that pair also launched eagerly, both ways);
+* each step alone (the benchmark's way) and behind the producer as a plain launch, unedited and with
+  each of ``PDL_EDITS`` (the wait right before the first token read, the token prefetches dropped;
+  or, in the replay step, the wait once the state rows' loads are issued, before the fill's barrier,
+  the prefetches right after it), and each edited step behind the producer as a programmatic
+  dependent (``--eager``: that pair also launched eagerly, both ways);
 * FLA's step alone and behind the producer (FLA's Triton kernels have no wait, so a plain launch).
 
 A step's time behind the producer is the pair's time less the producer's. Before timing, every
@@ -70,16 +72,29 @@ extern "C" __global__ void produce_tokens(const float4* __restrict__ src, float4
 }'''
 
 
-def _wait_before_tokens(text: str) -> str:
-    """A step kernel's text with its token prefetches dropped (they would read before the wait) and the
-    wait before its first token read."""
-    if text.count(FIRST_TOKEN_READ) != 1:
-        raise SystemExit(f"PDL edit does not apply: {FIRST_TOKEN_READ.strip()!r} is not in the kernel once")
-    text = PREFETCH.sub("", text)
-    return text.replace(FIRST_TOKEN_READ, WAIT + FIRST_TOKEN_READ, 1)
+def wait_at(marker_of: dict, keep_prefetches: bool):
+    """An edit of a step kernel's text: the wait before its line ``marker_of[kernel]``, and its token
+    prefetches dropped (they would read before the wait) or moved to right after the wait."""
+    def edit_for(kernel: str):
+        def edit(text: str) -> str:
+            marker = marker_of[kernel]
+            if text.count(marker) != 1:
+                raise SystemExit(f"PDL edit does not apply: {marker.strip()!r} is not in {kernel} once")
+            prefetches = "".join(PREFETCH.findall(text)) if keep_prefetches else ""
+            text = PREFETCH.sub("", text)
+            return text.replace(marker, WAIT + prefetches + marker, 1)
+        return in_kernel(kernel, edit)
+    return [edit_for(kernel) for kernel in STEP_KERNELS]
 
 
-PDL_EDIT = [in_kernel(kernel, _wait_before_tokens) for kernel in STEP_KERNELS]
+FILL_BARRIER = "    __syncthreads();  // thread 0's arrival holds the fill\n"  # the replay step's rows are in flight by then
+PDL_EDITS = {  # label: the edit of both step kernels
+    "wait before tokens": wait_at(dict.fromkeys(STEP_KERNELS, FIRST_TOKEN_READ), keep_prefetches=False),
+    "wait after rows issued": wait_at({"replay_step": FILL_BARRIER, "conventional_step": FIRST_TOKEN_READ},
+                                      keep_prefetches=True),
+}
+PDL_EDIT = PDL_EDITS["wait before tokens"]
+UNEDITED = "unedited"
 
 
 class PdlLauncher:
@@ -158,9 +173,8 @@ def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLaunche
 
     res = {"producer": time_graphs(cp, *capture_graphs(cp, produce, len(sets)), reps)}
     for kernel, label in zip(STEP_KERNELS, launches):
-        short = kernel.split("_")[0]
         rotation = L if kernel == "replay_step" else 1
-        for edits, key in (([], f"{short} unedited"), (PDL_EDIT, short)):
+        for version, edits in {UNEDITED: [], **PDL_EDITS}.items():
             cuda_module.render_program = patched_renderer(edits)
             cache = scratch_cache(decl, shape, config, rows, params, LaunchConfig.from_label(label))
             batch = mixed_steady_state(cache, rows)
@@ -175,19 +189,21 @@ def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLaunche
             def pair(i, step=step):
                 produce(i)
                 step(i)
-            res[key] = time_graphs(cp, *capture_graphs(cp, step, len(sets)), reps, rotation)
-            res[f"producer + {key}"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
-        check_pdl(cp, cache, kernel, pdl, produce, step, sets, out)
-        pdl.kernels = {kernel}
-        res[f"producer + {short} (PDL)"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
-        if eager:  # a graph's capture could drop the programmatic edge: the same pair eager, both ways
-            with cp.cuda.Stream(non_blocking=True):
-                res[f"producer + {short} (PDL, eager)"] = _median_ms(cp, pair, reps, rotation=rotation)
+            times = {"alone": time_graphs(cp, *capture_graphs(cp, step, len(sets)), reps, rotation),
+                     "behind": time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)}
+            if edits:
+                check_pdl(cp, cache, kernel, pdl, produce, step, sets, out)
+                pdl.kernels = {kernel}
+                times["behind, PDL"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
+                if eager:  # a graph's capture could drop the programmatic edge: the same pair eager, both ways
+                    with cp.cuda.Stream(non_blocking=True):
+                        times["behind, PDL, eager"] = _median_ms(cp, pair, reps, rotation=rotation)
+                        pdl.kernels = set()
+                        times["behind, eager"] = _median_ms(cp, pair, reps, rotation=rotation)
                 pdl.kernels = set()
-                res[f"producer + {short} (eager)"] = _median_ms(cp, pair, reps, rotation=rotation)
-        pdl.kernels = set()
-        del cache, step, pair
-        cp.get_default_memory_pool().free_all_blocks()
+            res[(kernel, version, label)] = times
+            del cache, step, pair
+            cp.get_default_memory_pool().free_all_blocks()
     cuda_module.render_program = patched_renderer([])
     res.update(fla_times(cp, name, shape, rows, produce, reps))
     return res
@@ -268,19 +284,34 @@ def fla_times(cp, name: str, shape, rows: int, produce, reps: int) -> dict:
     return res
 
 
-def derived(res: dict) -> dict:
-    """Each step's time behind the producer (the pair less the producer) and the ratios the targets read."""
+def step_rows(name: str, rows: int, res: dict) -> list[str]:
+    """Table rows: each step version's time alone, and behind the producer less the producer's."""
+    p, lines = res["producer"], []
+    for key, times in res.items():
+        if isinstance(key, tuple):
+            kernel, version, label = key
+            behind = [f"{times[w] - p:.4f}" if w in times else "-" for w in ("behind", "behind, PDL")]
+            lines.append(f"| {name} | {rows} | {kernel} `{label}` | {version} | {times['alone']:.4f} | " + " | ".join(behind) + " |")
+    if "fla" in res:
+        lines.append(f"| {name} | {rows} | FLA (`[V, K]`) | as shipped | {res['fla']:.4f} | {res['producer + fla'] - p:.4f} | - |")
+    return lines
+
+
+def ratio_rows(name: str, rows: int, res: dict) -> list[str]:
+    """Per PDL edit: the ratios the targets read, alone (unedited kernels) and behind the producer
+    (the edited kernels as programmatic dependents; FLA plainly)."""
     p = res["producer"]
-    d = {f"{k} behind{way}": res[f"producer + {k}{way}"] - p
-         for k in ("conventional", "replay") for way in (" unedited", "", " (PDL)")}
-    d["conv/replay alone"] = res["conventional"] / res["replay"]
-    d["conv/replay behind, both PDL"] = d["conventional behind (PDL)"] / d["replay behind (PDL)"]
-    if "producer + fla" in res:
-        d["fla behind"] = res["producer + fla"] - p
-        d["fla/replay alone"] = res["fla"] / res["replay"]
-        d["fla/replay behind (replay PDL)"] = d["fla behind"] / d["replay behind (PDL)"]
-    d["replay/conv behind, both PDL"] = d["replay behind (PDL)"] / d["conventional behind (PDL)"]
-    return d
+    step = {(k, v): t for (k, v, _), t in ((key, t) for key, t in res.items() if isinstance(key, tuple))}
+    conv0, replay0 = step[("conventional_step", UNEDITED)]["alone"], step[("replay_step", UNEDITED)]["alone"]
+    fla_alone, fla_behind = res.get("fla"), res.get("producer + fla", p) - p
+    lines = []
+    for version in PDL_EDITS:
+        conv = step[("conventional_step", version)]["behind, PDL"] - p
+        replay = step[("replay_step", version)]["behind, PDL"] - p
+        fla = f"{fla_alone / replay0:.3f} | {fla_behind / replay:.3f}" if fla_alone else "- | -"
+        lines.append(f"| {name} | {rows} | {version} | {conv0 / replay0:.3f} | {conv / replay:.3f} | {fla} | "
+                     f"{replay0 / conv0:.3f} | {replay / conv:.3f} |")
+    return lines
 
 
 def main() -> None:
@@ -294,19 +325,20 @@ def main() -> None:
 
     pdl = PdlLauncher(cp)
     producer = cp.RawKernel(PRODUCER_SOURCE, "produce_tokens")
-    table = []
+    steps, ratios = [], []
     for name in args.presets.split(","):
         for rows in (int(b) for b in args.batches.split(",")):
             launches = B1_LAUNCHES[name] if rows == 1 else LAUNCHES[name]
             res = measure(cp, name, rows, launches, pdl, producer, args.reps, args.eager)
-            res.update(derived(res))
-            print(name, rows, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in res.items()}, flush=True)
-            table.append((name, rows, res))
-    keys = [k for k in table[0][2] if not k.endswith("mode")]
-    print("\n| preset | B | " + " | ".join(keys) + " |")
-    print("|---|---|" + "---|" * len(keys))
-    for name, rows, res in table:
-        print(f"| {name} | {rows} | " + " | ".join(f"{res[k]:.4f}" if k in res else "-" for k in keys) + " |")
+            print(name, rows, res, flush=True)
+            steps += [f"| {name} | {rows} | producer | - | {res['producer']:.4f} | - | - |"] + step_rows(name, rows, res)
+            ratios += ratio_rows(name, rows, res)
+    print("\nms; behind: the pair's time less the producer's")
+    print("| preset | B | kernel | version | alone | behind, plain | behind, PDL |\n|---|---|---|---|---|---|---|")
+    print("\n".join(steps))
+    print("\n| preset | B | PDL edit | conv/replay alone | conv/replay behind | FLA/replay alone | FLA/replay behind |"
+          " replay/conv alone | replay/conv behind |\n|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(ratios))
 
 
 if __name__ == "__main__":

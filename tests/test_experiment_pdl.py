@@ -24,26 +24,38 @@ def _kernel_text(source: str, name: str) -> str:
 
 
 @pytest.mark.nvrtc
+@pytest.mark.parametrize("edit", sorted(SCRIPT.PDL_EDITS))
 @pytest.mark.parametrize("preset_name", sorted(PRESETS))
-def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name):
+def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name, edit):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     p = preset(preset_name)
     program = lower(variants.get(p.variant), p.shape, ReplayConfig())
     labels = {*zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name]), *zip(SCRIPT.STEP_KERNELS, SCRIPT.B1_LAUNCHES[preset_name])}
     for kernel, label in sorted(labels):
         launch = LaunchConfig.from_label(label)
-        source = VARIANTS.patched_renderer(SCRIPT.PDL_EDIT)(program, launch)
+        source = VARIANTS.patched_renderer(SCRIPT.PDL_EDITS[edit])(program, launch)
         text = _kernel_text(source, kernel)
         assert text.count("griddepcontrol.wait") == 1
         wait = text.index("griddepcontrol.wait")
-        body = text[text.index("{\n"):]  # past the parameter list, whose names start with tok_
-        first_token = body.index("tok_") + text.index("{\n")
-        assert wait < first_token, f"{kernel}: a token is read before the wait"
-        assert "prefetch_l1(tok_" not in text
+        body = text.index("{\n")  # past the parameter list, whose names start with tok_
+        assert wait < text.index("tok_", body), f"{kernel}: a token is read before the wait"
         result = compile_cubin(source, f"pdl-{preset_name}.cu")
         assert not result.warnings, result.log
         res = result.resources[kernel]
         assert res.clean and res.registers <= launch.max_registers, f"{preset_name} {kernel} {label}: {res}"
+
+
+def test_the_prefetches_are_dropped_or_follow_the_wait():
+    p = preset("kimi-linear")
+    program = lower(variants.get(p.variant), p.shape, ReplayConfig())
+    launch = LaunchConfig.from_label(SCRIPT.LAUNCHES["kimi-linear"][0])
+    unedited = _kernel_text(VARIANTS.patched_renderer([])(program, launch), "replay_step")
+    dropped = _kernel_text(VARIANTS.patched_renderer(SCRIPT.PDL_EDITS["wait before tokens"])(program, launch), "replay_step")
+    moved = _kernel_text(VARIANTS.patched_renderer(SCRIPT.PDL_EDITS["wait after rows issued"])(program, launch), "replay_step")
+    assert unedited.count("prefetch_l1(tok_") == 5 and "prefetch_l1(tok_" not in dropped
+    assert moved.count("prefetch_l1(tok_") == 5 and moved.index("griddepcontrol.wait") < moved.index("prefetch_l1(tok_")
+    assert moved.index("griddepcontrol.wait") < moved.index("arrival holds the fill"), "before the fill's barrier"
+    assert dropped.index("arrival holds the fill") < dropped.index("griddepcontrol.wait"), "after it"
 
 
 def test_the_edit_refuses_a_kernel_without_its_marker():
