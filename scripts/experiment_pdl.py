@@ -19,7 +19,8 @@ benchmark's busy kernel (``capture_graphs`` / ``time_graphs``):
   each of ``PDL_EDITS`` (the wait right before the first token read, the token prefetches dropped;
   or, in the replay step, the wait once the state rows' loads are issued, before the fill's barrier,
   the prefetches right after it), and each edited step behind the producer as a programmatic
-  dependent (``--eager``: that pair also launched eagerly, both ways);
+  dependent (``--eager``: that pair also launched eagerly, both ways; ``--bounds``: also the replay
+  step's ``BOUNDS``, e.g. without its head-level phases, whose results are wrong and not checked);
 * FLA's step alone and behind the producer (FLA's Triton kernels have no wait, so a plain launch).
 
 A step's time behind the producer is the pair's time less the producer's. Before timing, every
@@ -48,7 +49,7 @@ from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import _median_ms, capture_graphs, mixed_steady_state, preset_setup, time_graphs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment_variants import patched_renderer, scratch_cache  # noqa: E402
+from experiment_variants import NO_HEAD_PHASES, patched_renderer, scratch_cache  # noqa: E402
 from launch_overhead import LAUNCHES  # noqa: E402
 from source_edits import in_kernel  # noqa: E402
 
@@ -95,6 +96,10 @@ PDL_EDITS = {  # label: the edit of both step kernels
 }
 PDL_EDIT = PDL_EDITS["wait before tokens"]
 UNEDITED = "unedited"
+BOUNDS = {  # label: a bound (results wrong, time right), timed with --bounds beside the edits, not checked;
+    # for B = 1's launches (at nano's B = 256 launch this one spills 4 bytes)
+    "wait before tokens, no head-level phases (bound)": PDL_EDIT + NO_HEAD_PHASES,
+}
 
 
 class PdlLauncher:
@@ -160,7 +165,7 @@ def token_sets(cp, decl, shape, rng, rows: int, sets: int):
 
 
 def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLauncher, producer, reps: int,
-            eager: bool = False) -> dict:
+            eager: bool = False, bounds: bool = False) -> dict:
     decl, shape, config, rng, params = preset_setup(name)
     sets = token_sets(cp, decl, shape, rng, rows, 4)
     out = cp.empty((rows, 1, shape.heads, shape.v_dim), cp.float32)
@@ -174,7 +179,8 @@ def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLaunche
     res = {"producer": time_graphs(cp, *capture_graphs(cp, produce, len(sets)), reps)}
     for kernel, label in zip(STEP_KERNELS, launches):
         rotation = L if kernel == "replay_step" else 1
-        for version, edits in {UNEDITED: [], **PDL_EDITS}.items():
+        versions = {UNEDITED: [], **PDL_EDITS, **(BOUNDS if bounds and kernel == "replay_step" else {})}
+        for version, edits in versions.items():
             cuda_module.render_program = patched_renderer(edits)
             cache = scratch_cache(decl, shape, config, rows, params, LaunchConfig.from_label(label))
             batch = mixed_steady_state(cache, rows)
@@ -192,7 +198,8 @@ def measure(cp, name: str, rows: int, launches: tuple[str, str], pdl: PdlLaunche
             times = {"alone": time_graphs(cp, *capture_graphs(cp, step, len(sets)), reps, rotation),
                      "behind": time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)}
             if edits:
-                check_pdl(cp, cache, kernel, pdl, produce, step, sets, out)
+                if version not in BOUNDS:
+                    check_pdl(cp, cache, kernel, pdl, produce, step, sets, out)
                 pdl.kernels = {kernel}
                 times["behind, PDL"] = time_graphs(cp, *capture_graphs(cp, pair, len(sets)), reps, rotation)
                 if eager:  # a graph's capture could drop the programmatic edge: the same pair eager, both ways
@@ -320,6 +327,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,256")
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--eager", action="store_true", help="also each pair launched eagerly, PDL and plain")
+    parser.add_argument("--bounds", action="store_true", help="also the replay step's BOUNDS (not checked)")
     args = parser.parse_args()
     import cupy as cp
 
@@ -329,7 +337,7 @@ def main() -> None:
     for name in args.presets.split(","):
         for rows in (int(b) for b in args.batches.split(",")):
             launches = B1_LAUNCHES[name] if rows == 1 else LAUNCHES[name]
-            res = measure(cp, name, rows, launches, pdl, producer, args.reps, args.eager)
+            res = measure(cp, name, rows, launches, pdl, producer, args.reps, args.eager, args.bounds)
             print(name, rows, res, flush=True)
             steps += [f"| {name} | {rows} | producer | - | {res['producer']:.4f} | - | - |"] + step_rows(name, rows, res)
             ratios += ratio_rows(name, rows, res)

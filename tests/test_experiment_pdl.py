@@ -24,23 +24,26 @@ def _kernel_text(source: str, name: str) -> str:
 
 
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("edit", sorted(SCRIPT.PDL_EDITS))
+@pytest.mark.parametrize("edit", sorted(SCRIPT.PDL_EDITS | SCRIPT.BOUNDS))
 @pytest.mark.parametrize("preset_name", sorted(PRESETS))
 def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name, edit):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     p = preset(preset_name)
     program = lower(variants.get(p.variant), p.shape, ReplayConfig())
-    labels = {*zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name]), *zip(SCRIPT.STEP_KERNELS, SCRIPT.B1_LAUNCHES[preset_name])}
+    labels = {*zip(SCRIPT.STEP_KERNELS, SCRIPT.B1_LAUNCHES[preset_name])}
+    if edit not in SCRIPT.BOUNDS:  # the bounds are for B = 1 (at nano's B = 256 launch the one there spills 4 bytes)
+        labels |= {*zip(SCRIPT.STEP_KERNELS, SCRIPT.LAUNCHES[preset_name])}
     for kernel, label in sorted(labels):
         launch = LaunchConfig.from_label(label)
-        source = VARIANTS.patched_renderer(SCRIPT.PDL_EDITS[edit])(program, launch)
+        source = VARIANTS.patched_renderer((SCRIPT.PDL_EDITS | SCRIPT.BOUNDS)[edit])(program, launch)
         text = _kernel_text(source, kernel)
         assert text.count("griddepcontrol.wait") == 1
         wait = text.index("griddepcontrol.wait")
         body = text.index("{\n")  # past the parameter list, whose names start with tok_
         assert wait < text.index("tok_", body), f"{kernel}: a token is read before the wait"
         result = compile_cubin(source, f"pdl-{preset_name}.cu")
-        assert not result.warnings, result.log
+        unused = [w for w in result.warnings if "was set but never used" in w]
+        assert len(result.warnings) == (len(unused) if edit in SCRIPT.BOUNDS else 0), result.log  # a bound leaves fields unread
         res = result.resources[kernel]
         assert res.clean and res.registers <= launch.max_registers, f"{preset_name} {kernel} {label}: {res}"
 
