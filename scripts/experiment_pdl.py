@@ -139,6 +139,8 @@ class PdlLauncher:
                 values.append(arg.data.ptr)
                 types.append(ctypes.c_void_p)
             else:
+                if isinstance(arg, (float, np.floating)) or not -2**31 <= int(arg) < 2**31:
+                    raise TypeError(f"kernel argument {arg!r} is not a 32-bit integer")
                 values.append(int(arg))
                 types.append(ctypes.c_int)
         err, = drv.cuLaunchKernelEx(config, drv.CUfunction(getattr(kernel, "kernel", kernel).ptr), (tuple(values), tuple(types)), 0)
