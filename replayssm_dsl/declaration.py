@@ -26,6 +26,7 @@ import hashlib
 import keyword
 from dataclasses import dataclass, field, replace
 
+from .bounds import value_range
 from .errors import DeclarationError
 from .expr import Expr, as_expr, render_text
 
@@ -108,6 +109,14 @@ class Declaration:
         if self.decay is None:
             return "none"
         return "vector" if self.decay.axis == "K" else "scalar"
+
+    @property
+    def decay_lower_bound(self) -> float:
+        """The lowest log-decay one token can bring (``bounds.value_range``), ``-inf`` where nothing
+        bounds it (Kimi's ``−exp(A_log)·softplus(…)``) and 0 without a decay. A bounded gate (FLA's
+        safe gate ``lower_bound · sigmoid(…)``) bounds the records' cumulative decays, which lets
+        the lowering keep decay-scaled keys (lowering/record_keys.py)."""
+        return 0.0 if self.decay is None else value_range(self.decay)[0]
 
     @property
     def is_delta(self) -> bool:

@@ -87,6 +87,15 @@ def kda_oracle(tokens, params, shape, state=None):
     return _delta_rule_kv(q, k, np.asarray(tokens["v"], np.float64), _sigmoid(tokens["b"]), g, shape, state)
 
 
+def kda_safe_gate_oracle(tokens, params, shape, state=None, lower_bound=-5.0):
+    """FLA's safe gate (``fused_recurrent_kda(..., lower_bound=...)``): lower_bound·σ(e^{A_log}·(g + dt_bias))."""
+    q = _l2norm(np.asarray(tokens["q"], np.float64)) * shape.k_dim ** -0.5
+    k = _l2norm(np.asarray(tokens["k"], np.float64))
+    A_log = np.asarray(params["A_log"], np.float64)[:, None]
+    g = lower_bound * _sigmoid(np.exp(A_log) * (tokens["g_raw"] + params["dt_bias"]))  # [T, HV, K]
+    return _delta_rule_kv(q, k, np.asarray(tokens["v"], np.float64), _sigmoid(tokens["b"]), g, shape, state)
+
+
 def deltanet_oracle(tokens, params, shape, state=None):
     q = _l2norm(np.asarray(tokens["q"], np.float64)) * shape.k_dim ** -0.5
     k = _l2norm(np.asarray(tokens["k"], np.float64))
@@ -125,6 +134,7 @@ HANDWRITTEN = {
     "mamba2": mamba2_oracle,
     "gdn": gdn_oracle,
     "kda": kda_oracle,
+    "kda_safe_gate": kda_safe_gate_oracle,
     "gla": gla_oracle,
     "retnet": retnet_oracle,
     "deltanet": deltanet_oracle,

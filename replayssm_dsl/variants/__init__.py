@@ -1,4 +1,5 @@
-"""DSL layer: the built-in variants, by name (``mamba2``, ``gdn``, ``kda``, ``gla``, ``retnet``, ``deltanet``)."""
+"""DSL layer: the built-in variants, by name (``mamba2``, ``gdn``, ``kda``, ``kda_safe_gate``, ``gla``,
+``retnet``, ``deltanet``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from ..declaration import Declaration
 from ..errors import DeclarationError
 from .family import deltanet, gated_linear_attention, retnet
 from .gated_deltanet import gated_deltanet
-from .kimi_delta import kimi_delta_attention
+from .kimi_delta import kda_safe_gate, kimi_delta_attention
 from .mamba2 import mamba2
 
 BUILTINS = {
     "mamba2": mamba2,
     "gdn": gated_deltanet,
     "kda": kimi_delta_attention,
+    "kda_safe_gate": kda_safe_gate,
     "gla": gated_linear_attention,
     "retnet": retnet,
     "deltanet": deltanet,
@@ -26,5 +28,5 @@ def get(name: str) -> Declaration:
     return BUILTINS[name]()
 
 
-__all__ = ["BUILTINS", "get", "mamba2", "gated_deltanet", "kimi_delta_attention",
+__all__ = ["BUILTINS", "get", "mamba2", "gated_deltanet", "kimi_delta_attention", "kda_safe_gate",
            "gated_linear_attention", "retnet", "deltanet"]
