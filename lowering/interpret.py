@@ -18,6 +18,7 @@ from replayssm_dsl.evaluate import evaluate, evaluate_fields
 from .buffer_rules import step_flushes, verify_flushes
 from .ir import Kernel, Program, When
 from .record_inputs import raw_record_inputs
+from .record_keys import key_shift, record_key_heads
 
 
 def round_to_storage(x: np.ndarray, dtype: str, compute: np.dtype) -> np.ndarray:
@@ -50,10 +51,12 @@ class Interpreter:
         self.compute = np.dtype(compute)
         self.vector_decay = self.decl.decay_form == "vector"
         self.raw = raw_record_inputs(self.decl, program.config)  # record fields kept as the token's raw bf16 input
+        self.shift = key_shift(self.decl, program.config)  # C of decay-scaled record keys, or None
+        self.record_keys_per_group = record_key_heads(self.decl, program.config) == "H"
 
     # --- helpers -------------------------------------------------------------------------------------
     def _expand_keys(self, keys: np.ndarray) -> np.ndarray:  # [Hk, ..., K] -> [HV, ..., K]
-        if self.decl.key_level == "group":
+        if self.record_keys_per_group:
             return np.repeat(keys, self.shape.group_size, axis=0)
         return keys
 
@@ -87,6 +90,8 @@ class Interpreter:
                 dec = np.cumsum(self._from_raw(bufs, "decay", dec), axis=1)
             dec = dec if self.vector_decay else dec[..., None]
             last = dec[:, n - 1] if n else self._zeros_decay()
+            if self.shift is not None:  # decay-scaled keys e^{C − G_i} k_i: back to k_i
+                key = key * np.exp(dec - self.shift)
         else:
             dec, last = None, self._zeros_decay()
         return (Records(n, dec, write, key, last),)
@@ -179,7 +184,13 @@ class Interpreter:
         bufs["rec_write"][slot, :, pos] = np.swapaxes(W, 0, 1)
         t = W.shape[0]
         raw = {field: np.swapaxes(bufs[spec.name][b, :t], 0, 1) for field, spec in self.raw.items()}  # the tokens' bits
-        bufs["rec_key"][slot, :, pos] = raw["key"] if "key" in raw else np.swapaxes(F["key_stored"], 0, 1)
+        if "key" in raw:
+            keys = raw["key"]
+        elif self.shift is not None:  # per value head, decay-scaled: e^{C − G_j} k_j
+            keys = np.swapaxes(F["key"] * np.exp(self.shift - G), 0, 1)
+        else:
+            keys = np.swapaxes(F["key_stored"], 0, 1)
+        bufs["rec_key"][slot, :, pos] = keys
         if "rec_decay" in bufs:
             g = np.swapaxes(G, 0, 1)
             bufs["rec_decay"][slot, :, pos] = raw["decay"] if "decay" in raw else g if self.vector_decay else g[..., 0]

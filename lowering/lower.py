@@ -26,6 +26,7 @@ from replayssm_dsl.declaration import Declaration
 
 from .ir import Buffer, Kernel, Program, Stmt, When
 from .record_inputs import raw_record_inputs
+from .record_keys import key_shift, record_key_heads
 
 TILED = ("VT", "HV", "B")  # grid of a per-row kernel: V-tiles × value heads × batch rows
 PER_ROW = ("B",)
@@ -33,7 +34,8 @@ PER_ROW = ("B",)
 
 def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tuple[Buffer, ...]:
     sd = config.state_dtype
-    key_heads = "H" if decl.key_level == "group" else "HV"
+    key_heads = record_key_heads(decl, config)
+    shift = key_shift(decl, config)
     bufs = [
         Buffer("checkpoint", "state", sd, ("pages", "HV", "V", "K"), "replay checkpoint C, K contiguous"),
         Buffer("state", "state", sd, ("pages", "HV", "V", "K"), "conventional state S (baselines)"),
@@ -50,7 +52,8 @@ def _buffers(decl: Declaration, shape: ModelShape, config: ReplayConfig) -> tupl
     elif decl.decay_form == "vector":
         bufs.append(Buffer("rec_decay", "record", "float32", ("slots", "HV", "cap", "K"), "cumulative log-decay G_i"))
     key_doc = (f"the key's input {raw['key'].name!r} per record, as it arrived (k_i recomputed), once per key head"
-               if "key" in raw else "keys k_i, once per key head")
+               if "key" in raw else f"decay-scaled keys e^(C - G_i) k_i, C = {shift:g} (record_keys.py), per value head"
+               if shift is not None else "keys k_i, once per key head")
     bufs += [
         Buffer("rec_write", "record", "float32", ("slots", "HV", "cap", "V"), "writes w_i (corrections for the delta rule)"),
         Buffer("rec_key", "record", "bfloat16" if "key" in raw else "float32", ("slots", key_heads, "cap", "K"), key_doc),

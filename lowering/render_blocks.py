@@ -321,14 +321,18 @@ def row_records(rows: str = "RPW", first: str = "0") -> list[str]:
             f"sh_w[lane * W_PITCH + warp * RPW + {offset}r] : 0.f;"]
 
 
-def fold_keys(decl, last: str, count: str) -> list[str]:
+def fold_keys(decl, last: str, count: str, shift: float | None = None) -> list[str]:
     """In place: sh_key[m] ← k_m ⊙ e^{G_last − G_m} for m < count; ``sh_ed`` ← e^{G_last} for a vector
-    decay (then a barrier)."""
+    decay (then a barrier). With decay-scaled keys (``shift`` = C, record_keys.py) every key in
+    ``sh_key`` (the records' and the tokens') holds k̃_m = e^{C − G_m} ⊙ k_m and takes e^{G_last − C}."""
     if decl.decay_form == "none":
         return []
+    factor = decay_between(decl, last, "m") if shift is None else f"expf(sh_G[({last}) * K + e] - KEY_SHIFT)"
+    index = ("const int e = x % K;" if shift is not None else  # (the factor is the same for every key)
+             "const int m = x / K" + (", e = x % K;" if decl.decay_form == "vector" else ";"))
     lines = [f"for (int x = tid; x < ({count}) * K; x += THREADS) {{",
-             "    const int m = x / K" + (", e = x % K;" if decl.decay_form == "vector" else ";"),
-             f"    sh_key[x] *= {decay_between(decl, last, 'm')};",
+             "    " + index,
+             f"    sh_key[x] *= {factor};",
              "}"]
     if decl.decay_form == "vector":
         lines.append(f"for (int e = tid; e < K; e += THREADS) sh_ed[e] = expf(sh_G[({last}) * K + e]);")

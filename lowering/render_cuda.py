@@ -27,6 +27,7 @@ from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FIL
                             facts, fields, fill_lines, fold_keys, fold_rows, ids, row_loads, row_records, rows_reduced_group, shared_decls,
                             store_rows, token_prefetch)
 from .record_inputs import raw_record_inputs
+from .record_keys import key_shift, record_key_heads
 from .render_records import load_records, records_ready
 from .render_row_fields import epilogue, row_field, stage_row_fields
 from .render_replay import render_replay
@@ -89,19 +90,20 @@ def _render_fold(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) ->
     target = ("materialized + (((size_t)b * HV + hv) * V + row) * K" if "store_state:materialized" in f.guards
               else CHECKPOINT_ROW.format(page="dst"))
     raw = raw_record_inputs(decl, program.config)
+    shift = key_shift(decl, program.config)
     # flush_for_verify: most rows only check and exit, so the fold keeps few registers; a launch with
     # shared rows has more rows per warp than the registers hold at once (its fold kernels spill whole)
     if guard or launch.shared_rows:
-        return body + _chunked_fold(decl, raw, target)
+        return body + _chunked_fold(decl, raw, target, shift)
     body += row_loads(CHECKPOINT_ROW.format(page="src"))
-    body += load_records(decl, raw) + records_ready(decl, raw)
+    body += load_records(decl, raw, shift=shift) + records_ready(decl, raw)
     body += row_records()
-    fold = fold_keys(decl, "n - 1", "n") + fold_rows(decl, "n - 1", "n")
+    fold = fold_keys(decl, "n - 1", "n", shift) + fold_rows(decl, "n - 1", "n")
     body += ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold] + ["}"]
     return body + store_rows(target)
 
 
-def _chunked_fold(decl, raw: dict, target: str) -> list[str]:
+def _chunked_fold(decl, raw: dict, target: str, shift: float | None) -> list[str]:
     """The fold a few rows of the warp at a time (``FOLD_ROWS``), for a kernel that most rows leave
     after their checks (``flush_for_verify``: in a speculative steady state a fraction of the rows
     fold before a verify). Holding a warp's RPW rows at once would set the registers, and with them
@@ -109,8 +111,8 @@ def _chunked_fold(decl, raw: dict, target: str) -> list[str]:
     same checks at 16 registers took 2–3 % off verify T = 8; docs/performance.md). Launches with
     shared rows fold this way too. Rows go to ``target`` (a row's address, ``row`` in scope)."""
     src = CHECKPOINT_ROW.format(page="src")
-    return (load_records(decl, raw) + records_ready(decl, raw)
-            + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n")] + ["}"]
+    return (load_records(decl, raw, shift=shift) + records_ready(decl, raw)
+            + ["if (n > 0) {  // uniform per CTA"] + ["    " + x for x in fold_keys(decl, "n - 1", "n", shift)] + ["}"]
             + ["constexpr int FOLD_ROWS = RPW < 4 ? RPW : 4;  // rows of the warp in registers at a time",
                "#pragma unroll 1",
                "for (int r0 = 0; r0 < RPW; r0 += FOLD_ROWS) {"]
@@ -173,7 +175,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
                             "record per lane (use a smaller window or fewer drafts)")
     w_vec, w_pitch = write_record_layout(launch.rows_per_warp, launch.rows_per_cta, shape.v_dim)
     consts = {"HV": shape.heads, "H": shape.key_heads, "GROUP": shape.group_size, "V": shape.v_dim, "K": K,
-              "KEY_HEADS": shape.key_heads if decl.key_level == "group" else shape.heads,
+              "KEY_HEADS": shape.key_heads if record_key_heads(decl, cfg) == "H" else shape.heads,
               "WINDOW": cfg.window, "CAPACITY": cfg.capacity, "TMAX": cfg.max_drafts, "NREC": nrec,
               "VEC": vec, "KCH": kch, "WARPS": launch.warps, "RPW": launch.rows_per_warp,
               "BV": launch.rows_per_cta, "THREADS": launch.threads, "VPASS": launch.verify_rows,
@@ -190,7 +192,11 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
               "EAGER_RECORDS": int(launch.eager_records),
               # the write records' copies and loads: W_VEC rows at a time; W_PITCH floats between records
               "W_VEC": w_vec, "W_PITCH": w_pitch}
-    return [f"#define {name} {value}" for name, value in consts.items()]
+    lines = [f"#define {name} {value}" for name, value in consts.items()]
+    shift = key_shift(decl, cfg)
+    if shift is not None:  # the records' keys are e^{C - G_i} k_i (record_keys.py)
+        lines.append(f"#define KEY_SHIFT ({float(shift)!r}f)")
+    return lines
 
 
 def render_program(program: Program, launch: LaunchConfig | None = None, kernels=None) -> str:

@@ -9,18 +9,23 @@ from __future__ import annotations
 from .render_expr import ExprRenderer
 
 
-def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = False) -> list[str]:
+def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = False,
+                 shift: float | None = None, decays: bool = True) -> list[str]:
     """Start the asynchronous copies of the buffer's first ``count`` keys (and decays; ``raw``: the fields
     kept as raw bf16 inputs, ``raw_record_inputs``) and of the write
     records of the CTA's rows into shared memory (``cp_async_wait`` and a barrier complete them); with
     ``writes_in_registers`` the write records go straight into each warp's ``wv`` instead (declared
-    before: ``load_record_rows_global``)."""
-    khead = "hk" if decl.key_level == "group" else "hv"
+    before: ``load_record_rows_global``). With decay-scaled keys (``shift``, record_keys.py) the keys are
+    per value head and only the newest record's decays are read (``last_record_decays``; left out with
+    ``decays=False``, for a caller that stages before the fill is known)."""
+    khead = "hk" if decl.key_level == "group" and shift is None else "hv"
     wide = "VEC == 4"
     keys = f"rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K"
     lines = [f"stage_bf16_records(sh_key, {keys}, {count}, tid);" if "key" in raw
              else f"stage_floats<{wide}>(sh_key, {keys}, {count} * K, tid);"]
-    if decl.decay_form == "scalar":
+    if shift is not None:
+        lines += last_record_decays() if decays else []
+    elif decl.decay_form == "scalar":
         lines.append(f"stage_floats<false>(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY, {count}, tid);")
     elif "decay" in raw:
         lines.append(f"stage_bf16_records(sh_G, rec_decay + ((size_t)slot * HV + hv) * CAPACITY * K, {count}, tid);")
@@ -32,6 +37,13 @@ def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = 
     else:
         lines.append(f"stage_writes(sh_w, {head_writes}, {count}, v0, tid);")
     return lines
+
+
+def last_record_decays() -> list[str]:
+    """With decay-scaled keys: the copy of G_{n−1} alone, the newest record's cumulative decays, to
+    its place in ``sh_G`` (none at n = 0)."""
+    return ["if (n > 0)  // decay-scaled keys: the newest record's G_{n-1} is all the kernel reads of the decays",
+            "    stage_floats<VEC == 4>(sh_G + (n - 1) * K, rec_decay + (((size_t)slot * HV + hv) * CAPACITY + n - 1) * K, K, tid);"]
 
 
 RAW_ARRAYS = {"key": "sh_key", "decay": "sh_G"}  # where a record field's raw input is staged, and its floats go

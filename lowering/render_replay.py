@@ -24,24 +24,26 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
                             shared_page_lines, state_page_lines, store_rows, token_prefetch)
-from .render_records import load_records, record_decay_sums, records_ready
+from .record_keys import key_shift
+from .render_records import last_record_decays, load_records, record_decay_sums, records_ready
 from .render_row_fields import epilogue, register_row_fields, row_field, stage_row_fields
 from .render_row_inputs import stage_row_input_copies, staged_row_input_decls, staged_row_inputs
 
 
-def _cumulate(decl, raw: dict, fragments: bool = False) -> list[str]:
+def _cumulate(decl, raw: dict, fragments: bool = False, shift: float | None = None) -> list[str]:
     """G_{n+j} = G_{n-1} + Σ_{j'≤j} g_{j'} (a running sum over the drafts, per element for a decay
     vector; with the decay's raw input in the records, ``raw``, their running sums first); the drafts'
     keys join the records' (sh_key[n + j]); the decayed query and key
     e^{G_{n+j}} ⊙ q_j, e^{G_{n+j}} ⊙ k_j replace the raw ones (each thread rewrites only its elements),
     or with ``fragments`` (verify on tensor cores, whose fields put the keys and raw decay vectors at
     n + j: ``fields(at_fill=True)``) go to ``sh_qd`` / ``sh_kd`` in B-fragment order, the drafts from t
-    to FRAGMENT_DRAFTS as zeros (the rows' products read them after the next barrier)."""
+    to FRAGMENT_DRAFTS as zeros (the rows' products read them after the next barrier). With
+    decay-scaled keys (``shift``) the drafts' keys join the records' scaled, e^{C − G_{n+j}} ⊙ k_j."""
     if fragments:
-        return _cumulate_into_fragments(decl, raw)
+        return _cumulate_into_fragments(decl, raw, shift)
     start, step = _running_decay(decl, raw, "sh_qd[x]", "this line")
     body = ["const int x = j * K + e;"] + step + [
-        "const float key = sh_kd[x];", "sh_key[(n + j) * K + e] = key;",
+        "const float key = sh_kd[x];", f"sh_key[(n + j) * K + e] = key{_key_scale(shift)};",
         "sh_kd[x] = key * dec;", "sh_qd[x] = sh_q[x] * dec;"]
     return (["for (int e = tid; e < K; e += THREADS) {"] + (["    " + start] if start else [])
             + ["    for (int j = 0; j < t; ++j) {"] + ["        " + line for line in body] + ["    }", "}"])
@@ -61,12 +63,19 @@ def _running_decay(decl, raw: dict, raw_vector: str, until: str) -> tuple[str, l
     return "", ["const float dec = 1.f;"]
 
 
-def _cumulate_into_fragments(decl, raw: dict) -> list[str]:
+def _key_scale(shift: float | None) -> str:
+    """The factor a draft's key takes as its record keeps it (``acc`` = G_{n+j}): none, or e^{C − G}."""
+    return "" if shift is None else " * expf(KEY_SHIFT - acc)"
+
+
+def _cumulate_into_fragments(decl, raw: dict, shift: float | None = None) -> list[str]:
     """``_cumulate`` for verify on tensor cores: the same running sums, read and written in place at
     n + j, and the decayed queries (keys) written once, in B-fragment order (``fragment_slot``)."""
     start, step = _running_decay(decl, raw, "sh_G[(n + j) * K + e]", "the next line")
     stores = ([("sh_kd", "sh_key[(n + j) * K + e] * dec")] if decl.is_delta else []) + [("sh_qd", "sh_q[j * K + e] * dec")]
     body = step + ["const int y = fragment_slot(j, e);"] + [f"{a}[y] = {v};" for a, v in stores]
+    if shift is not None:  # after the fragments have read it: the key as its record keeps it
+        body.append("sh_key[(n + j) * K + e] *= expf(KEY_SHIFT - acc);")
     zeros = ([f"for (int j = t; j < {FRAGMENT_DRAFTS}; ++j) {{  // the columns past the drafts",
               "    const int y = fragment_slot(j, e);"] + [f"    {a}[y] = 0.f;" for a, _ in stores] + ["}"])
     return (["for (int e = tid; e < K; e += THREADS) {"] + (["    " + start] if start else [])
@@ -74,23 +83,27 @@ def _cumulate_into_fragments(decl, raw: dict) -> list[str]:
             + ["    " + line for line in zeros] + ["}"])
 
 
-def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
+def _scores(decl, per_trip: str = "SCORE_RECORDS", shift: float | None = None) -> list[str]:
     """sq[j][i] = (k_i ⊙ e^{G_{n+j} − G_i})·q_j for every record i ≤ n + j, and for delta rules
     sk[j][i] = (…)·k_{n+j} too (only the delta rule's correction reads it): a warp takes ``per_trip``
     records per trip (the C constant ``SCORE_RECORDS``, or verify's own ``VERIFY_SCORE_RECORDS``), their
     ``PARTS`` · per_trip dot products in one transpose reduction (``warp_sum_spread``), and each lane
     holding a sum scales and stores it. The first warp moves with the draft, so the drafts' last,
-    partial trips fall on different warps."""
+    partial trips fall on different warps. With decay-scaled keys (``shift``, record_keys.py) every key
+    in ``sh_key`` (the records' and, since the cumulate, the drafts') is k̃_i = e^{C − G_i} ⊙ k_i, and
+    draft j's query and key take e^{G_{n+j} − C} once per lane element (``qe``, ``ke``): no
+    exponential per record."""
     r = per_trip
-    dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" else ""
+    dec = f" * {decay_between(decl, 'n + j', 'rec')}" if decl.decay_form == "vector" and shift is None else ""
     scale = decay_between(decl, "n + j", "rec") if decl.decay_form == "scalar" else "1.f"
+    query, key = ("qe[c]", "ke[c]") if shift is not None else ("sh_q[j * K + e]", "sh_key[(n + j) * K + e]")
     if decl.is_delta:
         sums = ["float aq = 0.f, ak = 0.f;"]
-        terms = ["aq += kd * sh_q[j * K + e];", "ak += kd * sh_key[(n + j) * K + e];"]
+        terms = [f"aq += kd * {query};", f"ak += kd * {key};"]
         keep, target = f"dot[u] = aq; dot[{r} + u] = ak;", f"(u < {r} ? sh_sq : sh_sk)"
         lane_sum = f"const int u = lane / SCORE_LANES, rec = i + u % {r};  // u ≥ {r}: a key score"
     else:
-        sums, terms, keep, target = ["float aq = 0.f;"], ["aq += kd * sh_q[j * K + e];"], "dot[u] = aq;", "sh_sq"
+        sums, terms, keep, target = ["float aq = 0.f;"], [f"aq += kd * {query};"], "dot[u] = aq;", "sh_sq"
         lane_sum = f"const int u = lane / SCORE_LANES, rec = i + u % {r};"
     dots = (["#pragma unroll", f"for (int u = 0; u < {r}; ++u) {{",
              "    const int rec = min(i + u, n + j);  // past n + j: a copy of the last record, never stored"]
@@ -103,9 +116,18 @@ def _scores(decl, per_trip: str = "SCORE_RECORDS") -> list[str]:
                f"constexpr int SCORE_LANES = 32 / (PARTS * {r});", lane_sum,
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    {target}[j * NREC + rec] = sum * {scale};"])
+    draft_decay = [] if shift is None else [
+        "    float qe[KE], ke[KE];  // draft j's query and key times e^{G_{n+j} - C}, at the lane's elements",
+        "    #pragma unroll",
+        "    for (int c = 0; c < KE; ++c) {",
+        "        const int e = k_index(c, lane);",
+        "        const float ej = e < K ? expf(sh_G[(n + j) * K + e] - KEY_SHIFT) : 0.f;",
+        "        qe[c] = e < K ? sh_q[j * K + e] * ej : 0.f;",
+        "        ke[c] = e < K ? (sh_key[(n + j) * K + e] * ej) * ej : 0.f;  // (its scaled key times e^{G - C} is k_j)",
+        "    }"]
     return ([f"static_assert(32 % (PARTS * {r}) == 0, \"a warp's lanes split evenly between a trip's sums\");",
-             "for (int j = 0; j < t; ++j) {",
-             f"    for (int i = {r} * ((warp + j) % WARPS); i <= n + j; i += {r} * WARPS) {{"]
+             "for (int j = 0; j < t; ++j) {"] + draft_decay
+            + [f"    for (int i = {r} * ((warp + j) % WARPS); i <= n + j; i += {r} * WARPS) {{"]
             + ["        " + line for line in body] + ["    }", "}"])
 
 
@@ -280,6 +302,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     writes_in_registers = _writes_in_registers(f, launch)
     fields_in_registers = _fields_in_registers(f, launch)
     raw = raw_record_inputs(decl, program.config)  # record fields kept as the token's raw bf16 input
+    shift = key_shift(decl, program.config)  # C of decay-scaled record keys (record_keys.py), or None
     writes = "none" if writes_in_registers else "dynamic" if _writes_in_dynamic_shared(f) else "static"
     assert not (shared_rows and writes == "dynamic"), "one kernel's dynamic shared memory holds one thing"
     # verify on tensor cores copies its row inputs to shared memory before the state rows (render_row_inputs)
@@ -321,7 +344,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         if "empty_records" in f.stmts:
             body += guarded(f.guards["empty_records"], ["n = 0;  // the buffer was folded into dst before this launch"])
         body += ([] if page_waits_on_fill else state)
-        body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers))
+        body += guarded(f.guards.get("load_records", ""), load_records(decl, raw, "n", writes_in_registers, shift))
         body += shared_fragment_copies(checkpoint_row, shared_fragments) if shared_fragments else []
         body += token_fields
     else:  # the state rows (and with EAGER_RECORDS the whole buffer) fly while the fill arrives
@@ -330,11 +353,13 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         # (rows from n on are stale copies, never read: V-tile 0 may be writing row n to global meanwhile)
         moves_fill = "set_fill" in f.stmts
         body += ((_arrive() if moves_fill else []) + state
-                 + guarded("EAGER_RECORDS", load_records(decl, raw, "CAPACITY", writes_in_registers)))
+                 + guarded("EAGER_RECORDS", load_records(decl, raw, "CAPACITY", writes_in_registers, shift, decays=False)))
         # a row that stops here waits for its copies first (thread 0 waits for the bulk copies: it began them)
         stop = "cp_async_wait();" + (f" if (tid == 0) {SHARED_ROWS_WAIT}" if shared_rows else "")
         body += _fill_from_arrival(f, stop) if moves_fill else fill_load_lines(f, copies_in_flight=stop)
-        body += guarded("!EAGER_RECORDS", load_records(decl, raw, "n", writes_in_registers))
+        body += guarded("!EAGER_RECORDS", load_records(decl, raw, "n", writes_in_registers, shift))
+        if shift is not None:  # the eager copies could not address G_{n-1} before the fill
+            body += guarded("EAGER_RECORDS", last_record_decays())
         if writes_in_registers:  # the whole buffer's writes came in: keep the fill's
             body += guarded("EAGER_RECORDS", ["#pragma unroll", "for (int r = 0; r < RPW; ++r) wv[r] = lane < n ? wv[r] : 0.f;"])
         body += token_fields
@@ -343,17 +368,18 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += records_ready(decl, raw, "n", sum_decays=False, wait="cp_async_wait_all_but_last();  // all but the shared fragments"
                           if shared_fragments else "cp_async_wait();")
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
-    body += _cumulate(decl, raw, fragments=tensor_cores)
+    body += _cumulate(decl, raw, fragments=tensor_cores, shift=shift)
     body.append("__syncthreads();")
     if tensor_cores and decl.decay_form != "vector":
         body += mma_scores(decl)
     else:  # SIMT: the replay step, verify with a decay vector, verify off the tensor cores
-        body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS")
+        body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS", shift)
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, the first head of a group writes keys
     if append_guard is not None:
-        kh_cond = "hv % GROUP == 0" if decl.key_level == "group" else "true"
-        khead = "hk" if decl.key_level == "group" else "hv"
+        per_group = decl.key_level == "group" and shift is None
+        kh_cond = "hv % GROUP == 0" if per_group else "true"
+        khead = "hk" if per_group else "hv"
         raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}
         rec = ["if (blockIdx.x == 0) {"]
         if decl.decay_form == "scalar":
@@ -373,7 +399,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows, fields_in_registers)
     if "fold_tokens" in f.stmts:
         rows = "RREG" if shared_rows else "RPW"
-        fold = (fold_keys(decl, "n + t - 1", "n + t") + fold_rows(decl, "n + t - 1", "n + t", rows)
+        fold = (fold_keys(decl, "n + t - 1", "n + t", shift) + fold_rows(decl, "n + t - 1", "n + t", rows)
                 + store_rows(CHECKPOINT_ROW.format(page="dst"), rows)
                 + (_fold_shared_rows(decl, "n + t - 1", "n + t") if shared_rows else []))
         body += guarded(f.guards["fold_tokens"], fold)  # uniform per CTA: the barrier inside is safe

@@ -15,6 +15,7 @@ from replayssm_dsl.config import DTYPE_BYTES
 
 from .buffer_rules import step_flushes, verify_flushes
 from .ir import Kernel, Program, When
+from .record_keys import key_shift
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class Traffic:
                 self.output_write)
 
 
-def record_bytes(program: Program) -> float:
-    """``R``: bytes of one record per value head (cumulative decay, write, key share)."""
+def record_bytes(program: Program, names: tuple = ("rec_decay", "rec_write", "rec_key")) -> float:
+    """``R``: bytes of one record per value head (cumulative decay, write, key share; or of the
+    record buffers ``names`` only)."""
     p, total = program, 0.0
     for b in p.buffers_of("record"):
+        if b.name not in names:
+            continue
         elems = {"rec_decay": p.shape.k_dim if "K" in b.dims[3:] else 1,
                  "rec_write": p.shape.v_dim, "rec_key": p.shape.k_dim}[b.name]
         share = p.shape.group_size if b.dims[1] == "H" else 1
@@ -65,6 +69,15 @@ def _token_bytes(program: Program, t: int) -> float:
         share = p.shape.group_size if b.dims[2] == "H" else 1
         total += t * elems * DTYPE_BYTES[b.dtype] / share
     return total
+
+
+def _records_read(program: Program, n: int, R: float) -> float:
+    """Bytes of ``n`` records a kernel reads: all of each, or with decay-scaled keys
+    (record_keys.py) their keys and writes and the newest record's decays alone."""
+    if key_shift(program.declaration, program.config) is None:
+        return n * R
+    decays = record_bytes(program, ("rec_decay",))
+    return n * (R - decays) + (decays if n else 0.0)
 
 
 def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: int = 1) -> Traffic:
@@ -92,7 +105,7 @@ def kernel_traffic(program: Program, kernel: Kernel | str, fill: int, drafts: in
                 per = t if s.attr("per_draft") else 1
                 acc += Traffic(state_write=per * E * DTYPE_BYTES[p.buffer(s.attr("buffer")).dtype])
             elif s.op == "load_records":
-                acc += Traffic(record_read=n * R)
+                acc += Traffic(record_read=_records_read(p, n, R))
             elif s.op in ("fold", "empty_records"):
                 n = 0
             elif s.op == "append":
@@ -132,7 +145,9 @@ def design_formulas(program: Program) -> dict[str, float]:
     """The hand formulas of docs/design.md ("Traffic model") (no low-precision copy: ``s_lp = s_hp``), for cross-checking."""
     p = program
     E, s, R, L = p.shape.state_elements, DTYPE_BYTES[p.config.state_dtype], record_bytes(p), p.config.window
-    non_flush = [E * s + n * R + R for n in range(L - 1)]
-    flush = E * s + (L - 1) * R + E * s
+    D = record_bytes(p, ("rec_decay",)) if key_shift(p.declaration, p.config) is not None else 0.0
+    read = [n * (R - D) + (D if n else 0.0) for n in range(L)]  # D: decays only the newest record's are read
+    non_flush = [E * s + read[n] + R for n in range(L - 1)]
+    flush = E * s + read[L - 1] + E * s
     return {"conventional": 2 * E * s, "replay_amortized": (sum(non_flush) + flush) / L,
             "replay_non_flush_n0": non_flush[0] if non_flush else flush, "replay_flush": flush}

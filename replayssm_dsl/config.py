@@ -2,7 +2,8 @@
 
 ``ModelShape`` is the layer's geometry (value heads ``HV``, key heads ``H``, ``V``, ``K``);
 ``ReplayConfig`` the replay window ``L``, the most drafts ``T`` a verify takes, and the dtypes.
-Presets are the model shapes of docs/design.md ("Traffic model"). Imports ``errors`` only.
+Presets are the model shapes of docs/design.md ("Traffic model", ``DESIGN_PRESETS``), and Kimi Linear's
+shape with FLA's safe gate. Imports ``errors`` only.
 """
 
 from __future__ import annotations
@@ -54,13 +55,19 @@ class ReplayConfig:
     declared bf16 is kept as that input's bits, exact, and recomputed where read (half those bytes
     and that memory; lowering/record_inputs.py); everything else in the records stays float32.
     ``raw_record_fields`` names which of the two may be kept so (default both): ``("key",)`` keeps
-    the decays' cumulative sums in float32, so no kernel recomputes them."""
+    the decays' cumulative sums in float32, so no kernel recomputes them.
+
+    ``scaled_keys`` (default on): where the declaration's gate bounds each token's log-decay below
+    (``Declaration.decay_lower_bound``, e.g. FLA's safe gate) and the records are float32, a decay
+    vector's records keep decay-scaled keys and the kernels read only the newest record's decays
+    (lowering/record_keys.py); off, or for an unbounded gate, records keep the keys as they are."""
 
     window: int = 16
     max_drafts: int = 8
     state_dtype: str = "float32"
     record_dtype: str = "float32"
     raw_record_fields: tuple = RAW_RECORD_FIELDS
+    scaled_keys: bool = True
 
     def __post_init__(self):
         if not isinstance(self.window, int) or self.window < 1:
@@ -84,6 +91,8 @@ class ReplayConfig:
         if self.record_dtype == "float32" and set(fields) != set(RAW_RECORD_FIELDS):
             raise ConfigError(f"raw_record_fields: {fields!r} chooses fields of bf16 records; float32 records keep "
                               "every field in float32 (set record_dtype='bfloat16')")
+        if not isinstance(self.scaled_keys, bool):
+            raise ConfigError(f"scaled_keys: must be True or False, got {self.scaled_keys!r}")
         # one order, so equal choices are equal configs (and share a tuning-table key)
         object.__setattr__(self, "raw_record_fields", tuple(f for f in RAW_RECORD_FIELDS if f in fields))
 
@@ -115,7 +124,10 @@ PRESETS = {p.name: p for p in [
     Preset("qwen3.5-4b", "gdn", ModelShape(32, 16, 128, 128), "Qwen3.5-4B, Gated DeltaNet"),
     Preset("qwen3.5-122b", "gdn", ModelShape(64, 16, 128, 128), "Qwen3.5-122B, Gated DeltaNet"),
     Preset("kimi-linear", "kda", ModelShape(32, 32, 128, 128), "Kimi Linear, Kimi Delta Attention"),
+    Preset("kimi-linear-safe-gate", "kda_safe_gate", ModelShape(32, 32, 128, 128),
+           "Kimi Linear's shape with FLA's safe gate (lower_bound = -5): records of decay-scaled keys"),
 ]}
+DESIGN_PRESETS = ("nemotron-nano-4b", "nemotron-super-120b", "qwen3.5-4b", "qwen3.5-122b", "kimi-linear")  # docs/design.md's five
 
 
 def preset(name: str) -> Preset:

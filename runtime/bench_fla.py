@@ -20,6 +20,8 @@ from .benchmark import _median_ms
 
 FLA_LAYOUTS = {"[K, V]": False, "[V, K]": True}  # FLA's state layouts: its default, and ``state_v_first`` (ours)
 IN_PLACE = " in place"  # suffix of a way that calls FLA's in-place decode entry (KDA)
+# variants that FLA serves with another's kernel: the safe gate is computed before FLA's KDA step, as Kimi's is
+FLA_KERNEL_OF = {"kda_safe_gate": "kda"}
 
 
 def fla_ways(variant: str) -> dict[str, tuple[bool, bool]]:
@@ -60,6 +62,7 @@ def fla_step(variant: str, shape, batch: int, sets: int, reps: int, token_dtype:
     """FLA's step, ms, and how it ran (None and the reason when fla is absent or refuses every way).
     With bf16 tokens its q, k and v are bf16 too (the gate and beta stay float32, as FLA computes them;
     the state is float32 either way)."""
+    variant = FLA_KERNEL_OF.get(variant, variant)
     try:
         import torch
         for module in ("fla.ops.gated_delta_rule", "fla.ops.kda", "fla.ops.simple_gla"):  # that fla imports whole

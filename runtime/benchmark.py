@@ -18,6 +18,7 @@ groups it needs), for quick side-by-side runs of one change. Writes ``results.js
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS
 from replayssm_dsl.errors import InputError
 from replayssm_dsl.lowering.buffer_rules import verify_flushes
+from replayssm_dsl.lowering.record_keys import key_shift
 from replayssm_dsl.lowering.traffic import Traffic, kernel_traffic, replay_step_amortized, verify_mixed
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
@@ -234,7 +236,8 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
     cache.buffers["state"][...] = cache.buffers["checkpoint"]
     cache.buffers["rec_write"][...] = 0.01
-    cache.buffers["rec_key"][...] = 0.05 if cache.buffers["rec_key"].dtype == cp.float32 else int(bfloat16_bits([0.05])[0])
+    key = 0.05 * math.exp(key_shift(decl, config) or 0.0)  # decay-scaled keys e^{C - G} k: k = 0.05 at G = 0
+    cache.buffers["rec_key"][...] = key if cache.buffers["rec_key"].dtype == cp.float32 else int(bfloat16_bits([0.05])[0])
     batch_dev = mixed_steady_state(cache, batch)
     one = [device_tokens(cp, decl, {k: v[:, None] for k, v in random_tokens(decl, shape, rng, (batch,)).items()})
            for _ in range(INPUT_SETS)]

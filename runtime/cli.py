@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
-from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS, parse_raw_record_fields, preset
+from replayssm_dsl.config import DESIGN_PRESETS, PRESETS, RAW_RECORD_FIELDS, parse_raw_record_fields, preset
 from replayssm_dsl.errors import ReplaySSMError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.traffic import (design_formulas, kernel_traffic, record_bytes, replay_step_amortized,
@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out", help="folder for results.json, results.md, speedup.png")
     p.add_argument("--quick", action="store_true", help="fewer batch sizes and repetitions")
     p.add_argument("--batches", default="1,8,32,128,256,512")
-    p.add_argument("--presets", default=",".join(PRESETS))
+    p.add_argument("--presets", default=",".join(DESIGN_PRESETS),
+                   help=f"comma-separated (default: docs/design.md's five; all: {','.join(PRESETS)})")
     p.add_argument("--kernels", default=",".join(BENCH_KERNELS),
                    help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
     with_input_dtypes(p, "how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from replayssm_dsl import ReplayConfig, variants
-from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.config import DESIGN_PRESETS, preset
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.lower import lower
 
@@ -20,7 +20,7 @@ PROBES = [SCRIPT.probe("replay_step", "n"), SCRIPT.probe("conventional_step", "0
 
 
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("preset_name", sorted(PRESETS))
+@pytest.mark.parametrize("preset_name", sorted(DESIGN_PRESETS))
 def test_the_probe_applies_and_builds_both_step_kernels_clean(preset_name):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     p = preset(preset_name)

@@ -77,7 +77,7 @@ def test_gpu_verify_every_draft_count_and_every_accepted_count(name):
     twin.check_materialize([0, 1])
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2", "custom"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate", "mamba2", "custom"])
 def test_gpu_mixed_batch_at_every_fill_leaves_other_slots_untouched(name):
     config = ReplayConfig(window=16, max_drafts=8)
     shape = ModelShape(4, 2, 80, 96)
@@ -109,7 +109,7 @@ def test_gpu_mixed_batch_at_every_fill_leaves_other_slots_untouched(name):
 
 
 @pytest.mark.parametrize("label", [None, "8x16/r80/s12/w/v", "4x16/r96/s8"], ids=["default", "8x16-shared-rows", "4x16-shared-rows"])
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate", "mamba2"])
 def test_gpu_long_run_stays_within_tolerance(name, label):
     """2,000 steps (125 flushes per slot at L = 16) with speculative rounds mixed in; also at the tuned
     launches' kinds of shape (rows in shared memory, write records in registers), V = 128 there so
@@ -408,7 +408,7 @@ def steps_verifies_and_flush(twin):
 
 
 @pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate", "mamba2"])
 def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
     """Every launch shape the autotuner or the rule may pick (V = 80 leaves partial tiles)."""
     twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], ModelShape(4, 2, 80, 128), ReplayConfig(window=4, max_drafts=3),
@@ -416,7 +416,7 @@ def test_gpu_every_launch_shape_gives_the_oracle(name, launch):
     steps_verifies_and_flush(twin)
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate", "mamba2"])
 def test_gpu_five_warp_ctas_with_a_partial_last_tile_give_the_oracle(name):
     """5x16 (80-row CTAs, verify's shape for V = 80) at V = 128: each head's second CTA holds 48 rows,
     three warps with rows and two without; every kernel at that launch against the oracle."""
