@@ -30,7 +30,7 @@ ARGUMENT_DOCS = {
     "materialized": ("float", "[B, HV, V, K]", "materialize's output"),
     "rec_decay": ("float", "[slots, HV, cap(, K)]", "cumulative log-decays of the records (unused without decay)"),
     "rec_write": ("float", "[slots, HV, cap, V]", "record writes"),
-    "rec_key": ("float", "[slots, KEY_HEADS, cap, K]", "record keys"),
+    "rec_key": ("float", "[slots, KEY_HEADS, cap, K]", "record keys (decay-scaled, e^(KEY_SHIFT - G_i) k_i, where the source defines KEY_SHIFT)"),
     "fill": ("int32", "[slots]", "records per slot; the device-side truth"),
     "slots": ("int32", "[B]", "slot per batch row, -1 = padded row (touches nothing)"),
     "src_page": ("int32", "[B]", "checkpoint page read"),
