@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from replayssm_dsl import ReplayConfig, variants
-from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.config import DESIGN_PRESETS, preset
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.lower import lower
 
@@ -25,7 +25,7 @@ def _kernel_text(source: str, name: str) -> str:
 
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("edit", sorted(SCRIPT.PDL_EDITS | SCRIPT.BOUNDS))
-@pytest.mark.parametrize("preset_name", sorted(PRESETS))
+@pytest.mark.parametrize("preset_name", sorted(DESIGN_PRESETS))
 def test_the_wait_goes_before_every_token_read_and_builds_clean(preset_name, edit):
     from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
     p = preset(preset_name)

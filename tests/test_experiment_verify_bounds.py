@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from replayssm_dsl import ReplayConfig, variants
-from replayssm_dsl.config import PRESETS, preset
+from replayssm_dsl.config import DESIGN_PRESETS, preset
 from replayssm_dsl.lowering.lower import lower
 
 from scripts_loader import SCRIPTS, load_script
@@ -18,7 +18,7 @@ sys.path.insert(0, str(SCRIPTS))  # the script imports experiment_variants as it
 BOUNDS = load_script("experiment_verify_bounds")
 
 
-@pytest.mark.parametrize("preset_name", sorted(PRESETS))
+@pytest.mark.parametrize("preset_name", sorted(DESIGN_PRESETS))
 @pytest.mark.parametrize("label", [label for label in BOUNDS.VARIANTS if label != "base"])
 def test_every_bound_edits_the_rendered_verify(preset_name, label):
     p = preset(preset_name)
