@@ -35,7 +35,13 @@ def key_shift(decl, config) -> float | None:
     return shift if shift >= -SHIFT_LIMIT else None  # -inf (unbounded) fails too
 
 
+def keys_per_key_head(decl, shift: float | None) -> bool:
+    """Whether the records keep one key per key head (shared by its group's value heads): not for
+    scaled keys (``shift``, from ``key_shift``: the decays are per value head), nor for keys that
+    depend on the value head."""
+    return decl.key_level == "group" and shift is None
+
+
 def record_key_heads(decl, config) -> str:
-    """The heads the record keys are stored at: ``"HV"`` for scaled keys (the decays are per value
-    head) or keys that depend on the value head, else ``"H"`` (once per key head)."""
-    return "HV" if decl.key_level == "head" or key_shift(decl, config) is not None else "H"
+    """The heads the record keys are stored at: ``"H"`` (once per key head) or ``"HV"``."""
+    return "H" if keys_per_key_head(decl, key_shift(decl, config)) else "HV"

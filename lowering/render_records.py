@@ -6,6 +6,7 @@ hold float32 keys and cumulative log-decays for every kernel that reads them.
 
 from __future__ import annotations
 
+from .record_keys import keys_per_key_head
 from .render_expr import ExprRenderer
 
 
@@ -18,7 +19,7 @@ def load_records(decl, raw: dict, count: str = "n", writes_in_registers: bool = 
     before: ``load_record_rows_global``). With decay-scaled keys (``shift``, record_keys.py) the keys are
     per value head and only the newest record's decays are read (``last_record_decays``; left out with
     ``decays=False``, for a caller that stages before the fill is known)."""
-    khead = "hk" if decl.key_level == "group" and shift is None else "hv"
+    khead = "hk" if keys_per_key_head(decl, shift) else "hv"
     wide = "VEC == 4"
     keys = f"rec_key + ((size_t)slot * KEY_HEADS + {khead}) * CAPACITY * K"
     lines = [f"stage_bf16_records(sh_key, {keys}, {count}, tid);" if "key" in raw

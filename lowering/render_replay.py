@@ -24,7 +24,7 @@ from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FI
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
                             shared_page_lines, state_page_lines, store_rows, token_prefetch)
-from .record_keys import key_shift
+from .record_keys import key_shift, keys_per_key_head
 from .render_records import last_record_decays, load_records, record_decay_sums, records_ready
 from .render_row_fields import epilogue, register_row_fields, row_field, stage_row_fields
 from .render_row_inputs import stage_row_input_copies, staged_row_input_decls, staged_row_inputs
@@ -375,9 +375,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     else:  # SIMT: the replay step, verify with a decay vector, verify off the tensor cores
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS", shift)
     append_guard = f.guards.get("append")
-    # head-level records: one V-tile writes decays, the first head of a group writes keys
+    # head-level records: one V-tile writes decays, and keys (the first head of a group where they are per key head)
     if append_guard is not None:
-        per_group = decl.key_level == "group" and shift is None
+        per_group = keys_per_key_head(decl, shift)
         kh_cond = "hv % GROUP == 0" if per_group else "true"
         khead = "hk" if per_group else "hv"
         raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}

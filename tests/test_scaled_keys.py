@@ -75,7 +75,7 @@ def test_every_value_lies_in_the_expressions_range(expr, xs):
 
 def test_the_gates_ranges():
     assert SAFE.decay_lower_bound == -5.0
-    assert variants.get("kda_safe_gate", ) is not SAFE  # a fresh declaration per call, the same bound
+    assert variants.get("kda_safe_gate").decay_lower_bound == -5.0  # the built-in, by name
     assert variants.kda_safe_gate(-2.5).decay_lower_bound == -2.5
     for unbounded in ("kda", "gla", "gdn", "mamba2"):
         assert variants.get(unbounded).decay_lower_bound == -math.inf, unbounded
