@@ -9,6 +9,8 @@ bf16 values are exact in float32, so the recurrence is the same one the oracle c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -89,10 +91,13 @@ def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(nam
     """Floats are rounded on entry (or given as raw bits): the same outputs as the float32 declaration
     given the rounded values, through steps, verify and commit, also where the bf16 one keeps its keys
     (and decay vectors) as the raw inputs and recomputes them (``record_dtype="bfloat16"``: its
-    decays' running sums may round apart in the last float64 place)."""
+    decays' running sums may round apart in the last float64 place). Records of raw inputs keep plain
+    keys, so the float32 declaration's are plain too there (decay-scaled keys, a bounded gate's,
+    round apart by more: e^{C − G} and back, summed with cancellation)."""
     rng = np.random.default_rng(seed)
     params = random_params(variants.get(name), SHAPE, rng)
-    plain = CpuReplayCache(variants.get(name), SHAPE, CONFIG, slots=2, params=params)
+    plain_config = replace(CONFIG, scaled_keys=config.record_dtype == "float32")
+    plain = CpuReplayCache(variants.get(name), SHAPE, plain_config, slots=2, params=params)
     half = CpuReplayCache(bf16(name), SHAPE, config, slots=2, params=params)
     for i in range(steps):
         toks = random_tokens(variants.get(name), SHAPE, rng, (2,) if i % 3 else (2, 3))
