@@ -370,9 +370,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores, shift=shift)
     body.append("__syncthreads();")
-    if tensor_cores and decl.decay_form != "vector":
-        body += mma_scores(decl)
-    else:  # SIMT: the replay step, verify with a decay vector, verify off the tensor cores
+    if tensor_cores and (decl.decay_form != "vector" or shift is not None):
+        body += mma_scores(decl, shift)
+    else:  # SIMT: the replay step, verify with a decay vector of plain keys, verify off the tensor cores
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS", shift)
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, and keys (the first head of a group where they are per key head)

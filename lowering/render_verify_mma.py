@@ -11,8 +11,9 @@ runs on those, one shuffle per draft inside each quad of lanes.
 State fragments: lane (g, q = lane % 4) loads the float4s q + 4m (m < K / 16) of rows g and g + 8.
 The product sums over K in any order, so chunk 2m + c takes elements 2c and 2c + 1 of the lane's
 float4 m as the fragment's columns q and q + 4; the queries' and keys' fragments (in shared memory,
-in lane order, split at use) use the same element order. For a scalar decay (or none) the scores
-are tensor-core products too (``mma_scores``).
+in lane order, split at use) use the same element order. For a scalar decay (or none), and for a
+decay vector whose records keep decay-scaled keys (record_keys.py), the scores are tensor-core
+products too (``mma_scores``).
 """
 
 from __future__ import annotations
@@ -134,15 +135,25 @@ def shared_fragments_back(shared: int) -> list[str]:
     ]
 
 
-def mma_scores(decl) -> list[str]:
-    """The scores on tensor cores, for a scalar decay or none (e^{G_{n+j} − G_i} then factors out of
-    the dot product): keys of records and drafts [32, K] × the drafts' raw queries (keys) [K, 8], a
-    warp per 16 keys and part, then scaled; only i ≤ n + j is stored, as the SIMT scores do. Each
-    lane reads float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's."""
-    assert decl.decay_form != "vector", "a decay vector does not factor out of the scores"
+def mma_scores(decl, shift: float | None = None) -> list[str]:
+    """The scores on tensor cores, where e^{G_{n+j} − G_i} factors out of the dot products: for a
+    scalar decay or none, keys of records and drafts [32, K] × the drafts' raw queries (keys) [K, 8],
+    a warp per 16 keys and part, then scaled; for decay-scaled record keys (``shift`` = C,
+    record_keys.py) the keys are k̃_i = e^{C − G_i} ⊙ k_i and draft j's query (key) takes
+    e^{G_{n+j} − C} per element as the B fragment is loaded (its key in ``sh_key`` is scaled too, so
+    twice), with no scale after. Only i ≤ n + j is stored, as the SIMT scores do. Each lane reads
+    float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's."""
+    assert decl.decay_form != "vector" or shift is not None, "a decay vector factors only through scaled keys"
     scale = " * expf(sh_G[n + j] - sh_G[rec])" if decl.decay_form == "scalar" else ""
     target = "(part ? sh_sk : sh_sq)" if decl.is_delta else "sh_sq"  # PARTS = 1 without a delta rule
     zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
+    draft = f"        const float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};"
+    if shift is not None:  # draft g's query (key) times e^{G_{n+g} - C}: its key k̃_g times it twice is k_g e^{G - C}
+        draft = f"        float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};\n" + "\n".join([
+            f"        const float4 gv = g < t ? *reinterpret_cast<const float4*>(sh_G + (n + g) * K + e) : {zero};",
+            "        const float4 ev = make_float4(expf(gv.x - KEY_SHIFT), expf(gv.y - KEY_SHIFT), expf(gv.z - KEY_SHIFT), expf(gv.w - KEY_SHIFT));",
+            "        bv = make_float4(bv.x * ev.x, bv.y * ev.y, bv.z * ev.z, bv.w * ev.w);",
+            "        if (part) bv = make_float4(bv.x * ev.x, bv.y * ev.y, bv.z * ev.z, bv.w * ev.w);"])
     return [
         "for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {",
         "    const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys",
@@ -153,7 +164,7 @@ def mma_scores(decl) -> list[str]:
         "        const int e = 16 * m + 4 * quad;",
         f"        const float4 lo = i0 < n + t ? *reinterpret_cast<const float4*>(sh_key + i0 * K + e) : {zero};",
         f"        const float4 hi = i1 < n + t ? *reinterpret_cast<const float4*>(sh_key + i1 * K + e) : {zero};",
-        f"        const float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};",
+        *draft.split("\n"),
         "        mma_3xtf32_floats(c, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);",
         "        mma_3xtf32_floats(c, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);",
         "    }",

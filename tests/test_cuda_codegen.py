@@ -20,6 +20,7 @@ from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch
 from replayssm_dsl.lowering.render_blocks import hoistable_inputs
 from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.lowering.record_keys import key_shift
 from replayssm_dsl.lowering.render_replay import dynamic_shared_bytes
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -261,9 +262,11 @@ def test_verify_scores_its_own_records_per_trip(variant):
     """With a decay vector the replay step's score trips take 2 records (at 4 ptxas spills its capped
     shapes); verify's own constant takes 4, halving its trips and reductions, but under a register
     cap, where 4 spills verify, it stays 2. Without a decay vector both take 4. Each kernel's score
-    loops name only its own constant (verify scores on SIMT lanes under a cap or with a decay vector)."""
+    loops name only its own constant (verify scores on SIMT lanes under a cap or with a decay vector
+    of plain record keys; on tensor cores otherwise: ``mma_scores``)."""
     vector = variants.get(variant).decay_form == "vector"
     program = lower(variants.get(variant), SHAPES["kimi-linear"], ReplayConfig())
+    scaled = key_shift(program.declaration, program.config) is not None
     for launch, capped in ((LaunchConfig(4, 16), False), (LaunchConfig(8, 8), False), (LaunchConfig(4, 4), False),
                            (LaunchConfig(8, 8, 64), True), (LaunchConfig(4, 10, 96), True)):
         text = render_program(program, launch)
@@ -272,8 +275,9 @@ def test_verify_scores_its_own_records_per_trip(variant):
         replay, verify = kernel_body(text, "replay_step"), kernel_body(text, "verify")
         assert "for (int u = 0; u < SCORE_RECORDS; ++u)" in replay and "VERIFY_SCORE_RECORDS" not in replay
         assert re.search(r"(?<!VERIFY_)SCORE_RECORDS", verify) is None, launch.label
-        if vector or capped:
-            assert "for (int u = 0; u < VERIFY_SCORE_RECORDS; ++u)" in verify, launch.label
+        simt_scores = (vector and not scaled) or capped
+        assert ("for (int u = 0; u < VERIFY_SCORE_RECORDS; ++u)" in verify) == simt_scores, launch.label
+        assert ("mma_3xtf32_floats(c, lo.x" in verify) == (not simt_scores), launch.label
 
 
 @pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda", "kimi-linear")])
