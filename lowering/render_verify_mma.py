@@ -147,13 +147,17 @@ def mma_scores(decl, shift: float | None = None) -> list[str]:
     scale = " * expf(sh_G[n + j] - sh_G[rec])" if decl.decay_form == "scalar" else ""
     target = "(part ? sh_sk : sh_sq)" if decl.is_delta else "sh_sq"  # PARTS = 1 without a delta rule
     zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
-    draft = f"        const float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};"
-    if shift is not None:  # draft g's query (key) times e^{G_{n+g} - C}: its key k̃_g times it twice is k_g e^{G - C}
-        draft = f"        float4 bv = g < t ? *reinterpret_cast<const float4*>(col + e) : {zero};\n" + "\n".join([
+    draft = f"g < t ? *reinterpret_cast<const float4*>(col + e) : {zero}"
+    if shift is None:
+        draft_lines = [f"        const float4 bv = {draft};"]
+    else:  # draft g's query (key) times e^{G_{n+g} - C}: its key k̃_g times it twice is k_g e^{G - C}
+        scaled = "make_float4(bv.x * ev.x, bv.y * ev.y, bv.z * ev.z, bv.w * ev.w)"
+        draft_lines = [
+            f"        float4 bv = {draft};",
             f"        const float4 gv = g < t ? *reinterpret_cast<const float4*>(sh_G + (n + g) * K + e) : {zero};",
             "        const float4 ev = make_float4(expf(gv.x - KEY_SHIFT), expf(gv.y - KEY_SHIFT), expf(gv.z - KEY_SHIFT), expf(gv.w - KEY_SHIFT));",
-            "        bv = make_float4(bv.x * ev.x, bv.y * ev.y, bv.z * ev.z, bv.w * ev.w);",
-            "        if (part) bv = make_float4(bv.x * ev.x, bv.y * ev.y, bv.z * ev.z, bv.w * ev.w);"])
+            f"        bv = {scaled};",
+            f"        if (part) bv = {scaled};"]
     return [
         "for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {",
         "    const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys",
@@ -164,7 +168,7 @@ def mma_scores(decl, shift: float | None = None) -> list[str]:
         "        const int e = 16 * m + 4 * quad;",
         f"        const float4 lo = i0 < n + t ? *reinterpret_cast<const float4*>(sh_key + i0 * K + e) : {zero};",
         f"        const float4 hi = i1 < n + t ? *reinterpret_cast<const float4*>(sh_key + i1 * K + e) : {zero};",
-        *draft.split("\n"),
+        *draft_lines,
         "        mma_3xtf32_floats(c, lo.x, hi.x, lo.y, hi.y, bv.x, bv.y);",
         "        mma_3xtf32_floats(c, lo.z, hi.z, lo.w, hi.w, bv.z, bv.w);",
         "    }",

@@ -23,6 +23,7 @@ from replayssm_dsl.errors import DeclarationError, InputError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import choose_launch, kernel_arguments
 from replayssm_dsl.lowering.record_inputs import RECORD_FIELDS, raw_record_inputs
+from replayssm_dsl.lowering.record_keys import key_shift
 from replayssm_dsl.lowering.render_cuda import render_program
 from replayssm_dsl.random_inputs import random_params, random_tokens
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
@@ -91,12 +92,13 @@ def test_cpu_bf16_tokens_equal_the_float32_declaration_on_the_rounded_values(nam
     """Floats are rounded on entry (or given as raw bits): the same outputs as the float32 declaration
     given the rounded values, through steps, verify and commit, also where the bf16 one keeps its keys
     (and decay vectors) as the raw inputs and recomputes them (``record_dtype="bfloat16"``: its
-    decays' running sums may round apart in the last float64 place). Records of raw inputs keep plain
-    keys, so the float32 declaration's are plain too there (decay-scaled keys, a bounded gate's,
-    round apart by more: e^{C − G} and back, summed with cancellation)."""
+    decays' running sums may round apart in the last float64 place). The float32 declaration keeps
+    decay-scaled keys (a bounded gate's) exactly where the bf16 one does (``key_shift``; records of raw
+    inputs keep plain keys): the two forms round apart by more, e^{C − G} and back, summed with
+    cancellation."""
     rng = np.random.default_rng(seed)
     params = random_params(variants.get(name), SHAPE, rng)
-    plain_config = replace(CONFIG, scaled_keys=config.record_dtype == "float32")
+    plain_config = replace(CONFIG, scaled_keys=key_shift(bf16(name), config) is not None)
     plain = CpuReplayCache(variants.get(name), SHAPE, plain_config, slots=2, params=params)
     half = CpuReplayCache(bf16(name), SHAPE, config, slots=2, params=params)
     for i in range(steps):
