@@ -16,7 +16,7 @@ FILL_THREADS = 128
 SMS_H200 = 132
 
 
-_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?(/v)?(?:/f([1-9][0-9]*))?",
+_LABEL = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:/r([1-9][0-9]*))?(/e)?(?:/p([1-9][0-9]*))?(?:/s([1-9][0-9]*))?(/w)?(/v)?(?:/f([1-9][0-9]*))?(/c)?",
                     re.ASCII)
 
 
@@ -38,6 +38,9 @@ class LaunchConfig:
     # verify on tensor cores under a register cap: each lane's last ``shared_fragments`` 16-byte chunks of its
     # second fragment row come through shared memory (cp.async), not registers (render_verify_mma)
     shared_fragments: int = 0
+    # verify on tensor cores computes its scores on CUDA cores, in SIMT trips whose work follows the drafts'
+    # count, not in one 8-column product per part that costs the same for 1 draft as for 8 (mma_scores)
+    simt_scores: bool = False
 
     def __post_init__(self):
         for name in ("warps", "rows_per_warp", "max_registers"):
@@ -65,15 +68,16 @@ class LaunchConfig:
     def label(self) -> str:
         """``4x8`` (warps × rows per warp), with ``/r64`` when the register cap is not 128, ``/e`` for
         eager records, ``/p10`` for verify's rows per pass, ``/s8`` for shared rows, ``/w`` for write
-        records in registers, ``/v`` for the token's row fields in registers and ``/f3`` for verify's
-        shared fragments when set."""
+        records in registers, ``/v`` for the token's row fields in registers, ``/f3`` for verify's
+        shared fragments and ``/c`` for verify's scores on CUDA cores when set."""
         return (f"{self.warps}x{self.rows_per_warp}" + ("" if self.max_registers == 128 else f"/r{self.max_registers}")
                 + ("/e" if self.eager_records else "")
                 + (f"/p{self.verify_rows_per_pass}" if self.verify_rows_per_pass else "")
                 + (f"/s{self.shared_rows}" if self.shared_rows else "")
                 + ("/w" if self.register_writes else "")
                 + ("/v" if self.register_fields else "")
-                + (f"/f{self.shared_fragments}" if self.shared_fragments else ""))
+                + (f"/f{self.shared_fragments}" if self.shared_fragments else "")
+                + ("/c" if self.simt_scores else ""))
 
     @classmethod
     def from_label(cls, label: str) -> "LaunchConfig":
@@ -82,11 +86,12 @@ class LaunchConfig:
         match = _LABEL.fullmatch(label)
         try:
             if match is None:
-                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w, /v, /fN in that order")
-            warps, rows, cap, eager, passes, shared, writes, fields, fragments = match.groups()
+                raise ValueError("expected WARPSxROWS, then /rN, /e, /pN, /sN, /w, /v, /fN, /c in that order")
+            warps, rows, cap, eager, passes, shared, writes, fields, fragments, scores = match.groups()
             launch = cls(int(warps), int(rows), int(cap) if cap else 128, eager_records=bool(eager),
                          verify_rows_per_pass=int(passes) if passes else 0, shared_rows=int(shared) if shared else 0,
-                         register_writes=bool(writes), register_fields=bool(fields), shared_fragments=int(fragments) if fragments else 0)
+                         register_writes=bool(writes), register_fields=bool(fields), shared_fragments=int(fragments) if fragments else 0,
+                         simt_scores=bool(scores))
             if launch.label != label:
                 raise ValueError(f"it reads as {launch.label!r}")
         except ValueError as exc:

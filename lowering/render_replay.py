@@ -19,7 +19,7 @@ from .record_inputs import raw_record_inputs
 from .render_expr import input_element
 from .render_verify_mma import (mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
                                 shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
-                                tensor_core_verify)
+                                tensor_core_scores, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
@@ -370,9 +370,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
     body += _cumulate(decl, raw, fragments=tensor_cores, shift=shift)
     body.append("__syncthreads();")
-    if tensor_cores and (decl.decay_form != "vector" or shift is not None):
+    if f.drafts and tensor_core_scores(program, launch):
         body += mma_scores(decl, shift)
-    else:  # SIMT: the replay step, verify with a decay vector of plain keys, verify off the tensor cores
+    else:  # SIMT: the replay step, verify with a decay vector of plain keys, verify off the tensor cores or at /c
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS", shift)
     append_guard = f.guards.get("append")
     # head-level records: one V-tile writes decays, and keys (the first head of a group where they are per key head)

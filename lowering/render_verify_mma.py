@@ -13,12 +13,14 @@ The product sums over K in any order, so chunk 2m + c takes elements 2c and 2c +
 float4 m as the fragment's columns q and q + 4; the queries' and keys' fragments (in shared memory,
 in lane order, split at use) use the same element order. For a scalar decay (or none), and for a
 decay vector whose records keep decay-scaled keys (record_keys.py), the scores are tensor-core
-products too (``mma_scores``).
+products too (``mma_scores``), unless the launch asks for them on CUDA cores (``/c``,
+``tensor_core_scores``).
 """
 
 from __future__ import annotations
 
 from .launch import verify_fits_tensor_cores
+from .record_keys import key_shift
 from .render_blocks import Facts, guarded, output_store, record_write_store
 from .render_row_fields import epilogue, row_field
 
@@ -34,6 +36,17 @@ def tensor_core_verify(program, launch) -> bool:
     fragments."""
     return verify_fits_tensor_cores(program.shape, program.config) and (
         launch.max_registers >= 128 or launch.shared_fragments > 0)
+
+
+def tensor_core_scores(program, launch) -> bool:
+    """Whether verify's scores run on tensor cores (``mma_scores``): its rows do (``tensor_core_verify``),
+    the decay factors out of the products (a scalar decay or none, or a decay vector whose records keep
+    decay-scaled keys: ``key_shift``), and the launch does not take them on CUDA cores
+    (``simt_scores``). One product of 8 draft columns per part costs as much for one draft as for
+    eight; the SIMT trips' work follows the drafts' count, so for few drafts they may be faster."""
+    decl = program.declaration
+    return (tensor_core_verify(program, launch) and not launch.simt_scores
+            and (decl.decay_form != "vector" or key_shift(decl, program.config) is not None))
 
 
 def shared_fragments_refusal(program, launch) -> str | None:

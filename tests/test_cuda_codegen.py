@@ -133,6 +133,36 @@ def test_group_options_compile_without_spills(variant, shape):
     assert built >= 5
 
 
+# The verify launches the tuner picks on tensor cores (benchmarks/results): their twins with the scores
+# on CUDA cores, which verify of few drafts times when they are among its first pass's finalists.
+TUNED_TENSOR_CORE_VERIFY = ("8x16", "4x16", "5x16", "5x16/r96/f4", "4x16/r96/f4", "8x16/r80/f6")
+TWINS_THAT_MAY_SPILL = {("gdn", "8x16/r80/f6")}  # 4 B (its shape without /c builds clean)
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("variant,shape", [("gdn", "qwen3.5-4b"), ("mamba2", "nemotron-nano-4b"), ("kda_safe_gate", "kimi-linear")])
+def test_verify_with_its_scores_on_cuda_cores_compiles_without_spills(variant, shape):
+    """``/c`` (``score_twins``): verify's module at each tuned tensor-core shape, its scores on CUDA
+    cores, builds clean with no spills where the shape without ``/c`` does, but for
+    ``TWINS_THAT_MAY_SPILL`` (the tuner skips a twin that spills, as any candidate), and is another
+    kernel than without it."""
+    from replayssm_dsl.runtime.autotune import group_kernels
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    program = lower(variants.get(variant), SHAPES[shape], ReplayConfig())
+    kernels = group_kernels(program, "verify")
+    for label in TUNED_TENSOR_CORE_VERIFY:
+        base = LaunchConfig.from_label(label)
+        if (variant.split("_")[0], label) in OPTIONS_THAT_MAY_SPILL:
+            continue
+        twin = LaunchConfig.from_label(label + "/c")
+        src = render_program(program, twin, kernels=kernels)
+        assert src != render_program(program, base, kernels=kernels) and "mma_3xtf32_floats(c, lo.x" not in src, label
+        result = compile_cubin(src, f"{variant}-{twin.label.replace('/', '-')}.cu")
+        assert not result.warnings, result.log
+        assert (variant, label) in TWINS_THAT_MAY_SPILL or all(res.clean for res in result.resources.values()), \
+            f"{twin.label}: {result.resources} (ptxas report:\n{result.log})"
+
+
 @pytest.mark.nvrtc
 def test_a_source_compiled_again_still_gets_its_ptxas_report():
     """Where a CUDA driver is installed NVRTC may take the cubin from its cache and skip ptxas (and its
@@ -262,20 +292,21 @@ def test_verify_scores_its_own_records_per_trip(variant):
     """With a decay vector the replay step's score trips take 2 records (at 4 ptxas spills its capped
     shapes); verify's own constant takes 4, halving its trips and reductions, but under a register
     cap, where 4 spills verify, it stays 2. Without a decay vector both take 4. Each kernel's score
-    loops name only its own constant (verify scores on SIMT lanes under a cap or with a decay vector
-    of plain record keys; on tensor cores otherwise: ``mma_scores``)."""
+    loops name only its own constant (verify scores on SIMT lanes under a cap, with a decay vector
+    of plain record keys or at ``/c``; on tensor cores otherwise: ``mma_scores``)."""
     vector = variants.get(variant).decay_form == "vector"
     program = lower(variants.get(variant), SHAPES["kimi-linear"], ReplayConfig())
     scaled = key_shift(program.declaration, program.config) is not None
     for launch, capped in ((LaunchConfig(4, 16), False), (LaunchConfig(8, 8), False), (LaunchConfig(4, 4), False),
-                           (LaunchConfig(8, 8, 64), True), (LaunchConfig(4, 10, 96), True)):
+                           (LaunchConfig(8, 8, 64), True), (LaunchConfig(4, 10, 96), True),
+                           (LaunchConfig(8, 16, simt_scores=True), False)):
         text = render_program(program, launch)
         assert f"#define SCORE_RECORDS {2 if vector else 4}" in text, launch.label
         assert f"#define VERIFY_SCORE_RECORDS {2 if vector and capped else 4}" in text, launch.label
         replay, verify = kernel_body(text, "replay_step"), kernel_body(text, "verify")
         assert "for (int u = 0; u < SCORE_RECORDS; ++u)" in replay and "VERIFY_SCORE_RECORDS" not in replay
         assert re.search(r"(?<!VERIFY_)SCORE_RECORDS", verify) is None, launch.label
-        simt_scores = (vector and not scaled) or capped
+        simt_scores = (vector and not scaled) or capped or launch.simt_scores
         assert ("for (int u = 0; u < VERIFY_SCORE_RECORDS; ++u)" in verify) == simt_scores, launch.label
         assert ("mma_3xtf32_floats(c, lo.x" in verify) == (not simt_scores), launch.label
 
