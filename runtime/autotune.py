@@ -6,7 +6,8 @@ larger tiles) and the conventional baselines (``conventional_step``, ``snapshot_
 baseline is tuned as hard as what it is compared with. Verify has two groups: ``verify`` for more
 than ``VERIFY_FEW_DRAFTS`` drafts and ``verify_few`` for at most that many, since its rows run on
 tensor cores only under the uncapped shapes and those lose to the SIMT rows of a capped shape when
-the drafts are few. ``tune_step`` times one group's decode step (the replay step in the mixed steady
+the drafts are few; ``verify_few`` also times its first pass's finalists with their scores on CUDA
+cores (``score_twins``). ``tune_step`` times one group's decode step (the replay step in the mixed steady
 state, whose median is taken over rotations of L steps, verify of ``max_drafts`` tokens, or of
 ``VERIFY_FEW_DRAFTS``, with its commit, or the conventional step; CUDA graph, median) on a scratch cache for each candidate ``LaunchConfig``, times
 the three fastest again in interleaved rounds, and records the one of least median in a JSON table keyed by declaration fingerprint, shape, replay settings, batch
@@ -26,7 +27,7 @@ from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_replay import shared_rows_refusal
-from replayssm_dsl.lowering.render_verify_mma import shared_fragments_refusal, tensor_core_verify
+from replayssm_dsl.lowering.render_verify_mma import shared_fragments_refusal, tensor_core_scores, tensor_core_verify
 
 from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
 
@@ -105,10 +106,22 @@ def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
     rows per pass where verify's rows run on tensor cores, which take no passes) and those the lowering
     refuses (shared rows whose bytes the bulk copies cannot move: ``shared_rows_refusal``; more shared
     fragments than a lane holds: ``shared_fragments_refusal``), and verify's shared fragments where
-    verify's rows do not run on tensor cores (the option would change nothing)."""
+    verify's rows do not run on tensor cores and its scores on CUDA cores where they would run there
+    anyway (the options would change nothing)."""
     return tuple(c for c in candidates(group) if not (c.verify_rows_per_pass and tensor_core_verify(program, c))
                  and not (c.shared_fragments and not tensor_core_verify(program, c))
+                 and not (c.simt_scores and not tensor_core_scores(program, dataclasses.replace(c, simt_scores=False)))
                  and shared_rows_refusal(program, c) is None and shared_fragments_refusal(program, c) is None)
+
+
+def score_twins(program, group: str, launches) -> tuple[LaunchConfig, ...]:
+    """The launches ``tune_step`` times after its first pass: for ``verify_few``, each of ``launches``
+    (the first pass's finalists) whose verify scores on tensor cores, again with its scores on CUDA
+    cores (``simt_scores``: the SIMT trips' work follows the drafts' count, the 8-column products'
+    does not); none for the other groups, where the option changes nothing or drafts are many."""
+    if group != "verify_few":
+        return ()
+    return tuple(dataclasses.replace(c, simt_scores=True) for c in launches if tensor_core_scores(program, c))
 
 
 def group_of(kernel: str, drafts: int | None = None) -> str:
@@ -147,7 +160,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 23
+TUNING_VERSION = 24
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -165,7 +178,8 @@ the head's scalar parameters before them; 20: verify may run on tensor cores und
 with shared fragments; 21: and keeps them in dynamic shared memory, which lets ``8x16/r80`` take them;
 22: the replay step's ``sh_ed`` lies in ``sh_q``, and it may take ``8x16/r80/s12/w/v`` (its token's row
 fields in registers), ``8x16/r80/s13/w`` and ``4x16/r96/s10``; 23: the fastest three of the first pass
-are timed again, interleaved, and the least median of those rounds is chosen)."""
+are timed again, interleaved, and the least median of those rounds is chosen; 24: verify of few drafts
+also times its finalists with their scores on CUDA cores, ``/c``)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
@@ -244,21 +258,27 @@ def confirmed_best(rounds: list[dict]):
 
 def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
               group: str = "replay") -> tuple[LaunchConfig, dict]:
-    """Time every candidate on a scratch cache of ``rows`` slots (the decode step of ``group``), then
-    the ``CONFIRM_FINALISTS`` fastest again in ``CONFIRM_ROUNDS`` interleaved rounds; store and return
-    the finalist of least median (and the first pass's times)."""
+    """Time every candidate on a scratch cache of ``rows`` slots (the decode step of ``group``) and the
+    ``score_twins`` of the fastest, then the ``CONFIRM_FINALISTS`` fastest of all again in
+    ``CONFIRM_ROUNDS`` interleaved rounds; store and return the finalist of least median (and the
+    first pass's times, the twins' among them)."""
     if group not in GROUPS:
         raise ValueError(f"group: expected one of {GROUPS}, got {group!r}")
     rng = np.random.default_rng(0)
     program = lower(decl, shape, config)
     timings, kept = {}, {}  # kept: the timers of the fastest so far (their caches and graphs held)
-    for launch in distinct_candidates(program, group):
+
+    def time_candidate(launch):
+        nonlocal kept
         time_again = _timed_launch(decl, shape, config, params, rows, group, launch, rng)
-        if time_again is None:
-            continue
-        timings[launch] = time_again(reps)
-        kept[launch] = time_again
-        kept = {c: kept[c] for c in finalists({c: timings[c] for c in kept})}
+        if time_again is not None:
+            timings[launch] = time_again(reps)
+            kept[launch] = time_again
+            kept = {c: kept[c] for c in finalists({c: timings[c] for c in kept})}
+    for launch in distinct_candidates(program, group):
+        time_candidate(launch)
+    for launch in score_twins(program, group, tuple(kept)):
+        time_candidate(launch)
     if not timings:
         raise LoweringError(f"no launch candidate of {[c.label for c in candidates(group)]} builds the {group} "
                             f"kernels without spills for {decl.name!r} at {shape}")

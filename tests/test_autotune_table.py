@@ -3,6 +3,7 @@ kernel group, so the conventional baselines get their own launch shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -200,7 +201,8 @@ def test_every_candidate_launch_is_named_by_its_label():
     """``LaunchConfig.from_label`` reads back every launch the tuner can pick, and any mix of options."""
     launches = set(autotune.CANDIDATES) | {launch for extras in autotune.GROUP_EXTRAS.values() for launch in extras}
     launches.add(LaunchConfig(16, 2, max_registers=72, eager_records=True, verify_rows_per_pass=2, shared_rows=1,
-                              register_writes=True, register_fields=True))
+                              register_writes=True, register_fields=True, shared_fragments=3, simt_scores=True))
+    launches |= {dataclasses.replace(c, simt_scores=True) for c in autotune.candidates("verify_few")}  # score_twins
     assert LaunchConfig.from_label("8x16/r80/s10/w").register_writes
     assert LaunchConfig.from_label("8x16/r80/s12/w/v").register_fields
     for launch in launches:
@@ -210,7 +212,8 @@ def test_every_candidate_launch_is_named_by_its_label():
 @pytest.mark.parametrize("bad", ["8", "8x", "x8", "8x8/r", "8x8/q4", "8x8/r64/r80", "8x8/e2", "8x8/p", "4x4/r6.5", "0x8",
                                  "8x0", "08x8", "8x8/r064", "8x8/r128", "8x8/p0", "8x8/p4/r64", "\u0664x8", "+8x8", " 8x8",
                                  "8x8/s0", "8x8/s8", "8x8/s4/r64", "8x8/s4/p4", "8x8/w/s4", "8x8/ww", "8x8/w1", "8x8/w/e",
-                                 "8x8/f0", "8x8/f", "8x8/f2/w", "8x8/f2/s4", "8x8/f02", "8x8/v/w", "8x8/vv", "8x8/f2/v"])
+                                 "8x8/f0", "8x8/f", "8x8/f2/w", "8x8/f2/s4", "8x8/f02", "8x8/v/w", "8x8/vv", "8x8/f2/v",
+                                 "8x8/c/f2", "8x8/cc", "8x8/c1", "8x8/c/r64"])
 def test_a_label_that_names_no_launch_is_refused(bad):
     with pytest.raises(ValueError, match=re.escape(f"launch label {bad!r}")):
         LaunchConfig.from_label(bad)
@@ -238,6 +241,34 @@ def test_tensor_core_verify_drops_the_rows_per_pass_options_and_takes_shared_fra
     small_k = lower(variants.get("gdn"), ModelShape(4, 2, 64, 32), ReplayConfig(window=16, max_drafts=8))  # 2 chunks a lane
     kept = {c.shared_fragments for c in autotune.distinct_candidates(small_k, "verify") if c.shared_fragments}
     assert kept == {f for f in (c.shared_fragments for c in fragments) if f <= 2}, "more chunks than a lane holds are not timed"
+
+
+def test_verify_of_few_drafts_times_its_finalists_with_their_scores_on_cuda_cores(monkeypatch):
+    """``score_twins``: verify of few drafts times each first-pass finalist whose scores run on tensor
+    cores again with ``/c`` (its scores on CUDA cores); none where the scores run on CUDA cores anyway
+    (a decay vector of plain record keys, verify's rows off the tensor cores), none for the other
+    groups, and the first pass never times a ``/c`` that would render the kernel it already has."""
+    from replayssm_dsl.lowering.render_verify_mma import tensor_core_scores
+    config = ReplayConfig(window=16, max_drafts=8)
+    gdn, kda = (lower(variants.get(name), ModelShape(4, 2, 64, 128), config) for name in ("gdn", "kda"))
+    safe = lower(variants.get("kda_safe_gate"), ModelShape(4, 2, 64, 128), config)  # decay-scaled record keys
+    whole, capped, fragments = LaunchConfig(8, 16), LaunchConfig(4, 10, max_registers=96), LaunchConfig(8, 16, max_registers=80, shared_fragments=6)
+    assert tensor_core_scores(gdn, whole) and tensor_core_scores(safe, whole) and tensor_core_scores(gdn, fragments)
+    assert not tensor_core_scores(kda, whole), "a decay vector of plain keys does not factor out of the product"
+    assert not tensor_core_scores(gdn, capped), "SIMT rows score on CUDA cores"
+    assert not tensor_core_scores(gdn, LaunchConfig(8, 16, simt_scores=True))
+    finalists = (whole, capped, fragments)
+    assert autotune.score_twins(gdn, "verify_few", finalists) == (LaunchConfig(8, 16, simt_scores=True),
+                                                                  dataclasses.replace(fragments, simt_scores=True))
+    assert autotune.score_twins(safe, "verify_few", finalists) == autotune.score_twins(gdn, "verify_few", finalists)
+    assert autotune.score_twins(kda, "verify_few", finalists) == ()
+    for group in ("replay", "verify", "conventional"):
+        assert autotune.score_twins(gdn, group, finalists) == ()
+    on_cuda_cores = (LaunchConfig(8, 16, simt_scores=True), LaunchConfig(4, 10, max_registers=96, simt_scores=True))
+    monkeypatch.setattr(autotune, "CANDIDATES", (whole,) + on_cuda_cores)
+    assert autotune.distinct_candidates(gdn, "verify_few")[:2] == (whole, on_cuda_cores[0])
+    assert on_cuda_cores[1] not in autotune.distinct_candidates(gdn, "verify_few"), "SIMT rows: the same kernel"
+    assert not any(c.simt_scores for c in autotune.distinct_candidates(kda, "verify_few")), "the same kernel"
 
 
 @pytest.mark.parametrize("k_dim,state_dtype", [(6, "float32"), (100, "bfloat16"), (36, "float16")])
