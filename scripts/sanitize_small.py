@@ -59,6 +59,8 @@ if __name__ == "__main__":
         for launch in (LaunchConfig(4, 16, max_registers=96, shared_fragments=2),
                        LaunchConfig(8, 16, max_registers=80, shared_fragments=4)):
             exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=launch)
+    for name in ("gdn", "mamba2", "kda_safe_gate"):  # verify's rows on tensor cores, its scores on CUDA cores (/c)
+        exercise(name, ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3), launch=LaunchConfig(8, 16, simt_scores=True))
     # bf16 tokens, records of bf16: the records keep the keys' (and KDA's gates') bits, widened in place in shared memory;
     # K = 64, 6 and 33 stage them 16, 4 and 2 bytes at a time
     raw = ReplayConfig(window=4, max_drafts=3, record_dtype="bfloat16")

@@ -388,9 +388,12 @@ def _launch_shapes():
     from replayssm_dsl.lowering.launch import LaunchConfig
     from replayssm_dsl.runtime.autotune import GROUPS, candidates
     every = tuple(c for group in GROUPS for c in candidates(group))
-    # (and the write records in registers with eager records, and 2-row chunks at 10 rows per warp)
+    # (and the write records in registers with eager records, 2-row chunks at 10 rows per warp, and
+    # verify's scores on CUDA cores beside its rows on tensor cores, the score_twins of verify of few drafts)
     extra = (LaunchConfig(4, 10), LaunchConfig(8, 16), LaunchConfig(4, 4, eager_records=True, register_writes=True),
-             LaunchConfig(4, 10, register_writes=True))
+             LaunchConfig(4, 10, register_writes=True), LaunchConfig(8, 16, simt_scores=True),
+             LaunchConfig(5, 16, max_registers=96, shared_fragments=4, simt_scores=True),
+             LaunchConfig(8, 16, max_registers=80, shared_fragments=6, simt_scores=True))
     return list(dict.fromkeys(every + extra))
 
 
@@ -470,6 +473,29 @@ def test_gpu_verify_of_few_drafts_runs_its_own_tuned_shape(name, tmp_path, monke
         verify_shapes = {launch for launch, family in twin.cache._compiled if family == "verify"}
         assert few in verify_shapes and (many in verify_shapes) == (i >= 1), verify_shapes
     twin.check_materialize([0, 2])
+
+
+def test_gpu_tune_step_times_verify_of_few_drafts_with_its_scores_on_cuda_cores_too(tmp_path, monkeypatch):
+    """``tune_step`` for ``verify_few`` (two candidates whose verify scores on tensor cores): the first
+    pass times both and then each again with ``/c``, and the table holds all four times and the
+    confirmed pick among them."""
+    import json
+
+    from replayssm_dsl.lowering import lower
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    from replayssm_dsl.runtime import autotune
+
+    shape, config, rows = ModelShape(4, 2, 64, 128), ReplayConfig(window=4, max_drafts=4), 2
+    monkeypatch.setattr(autotune, "CANDIDATES", (LaunchConfig(4, 16), LaunchConfig(8, 8)))
+    monkeypatch.setitem(autotune.GROUP_EXTRAS, "verify_few", ())
+    monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(tmp_path / "autotune.json"))
+    decl = ALL_DECLS["gdn"]
+    params = random_params(decl, shape, np.random.default_rng(4))
+    best, first_pass = autotune.tune_step(decl, shape, config, params, rows, reps=5, group="verify_few")
+    assert {c.label for c in first_pass} == {"4x16", "8x8", "4x16/c", "8x8/c"}
+    assert all(np.isfinite(t) and t > 0 for t in first_pass.values())
+    entry = json.loads((tmp_path / "autotune.json").read_text())[autotune.table_key(lower(decl, shape, config), rows, "verify_few")]
+    assert set(entry["ms"]) == {c.label for c in first_pass} and best.label in entry["confirmed_ms"]
 
 
 def test_gpu_tune_step_confirms_its_fastest_and_tables_them(tmp_path, monkeypatch):
