@@ -3,7 +3,8 @@
 # Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against;
 # TEST_MARKS: the tests' markers, default "gpu or fla"; "gpu or fla or nvrtc" adds the sm_90 compile checks
-# through this machine's NVRTC)
+# through this machine's NVRTC; TEST_ARGS: what pytest collects, default "tests", e.g. "tests/test_gpu_kernels.py"
+# or "tests --ignore=tests/test_gpu_kernels.py" to split the suite over two calls on a fresh machine)
 # (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
 # At most 8 files come back from $OUT: install.log, gpu-tests.log, sanitize.log, examples.log, hf.log and
 # bench's results.json, results.md, speedup.png (compare.md with BENCH_BASELINE, so leave out a part then).
@@ -22,7 +23,7 @@ run_logged() {
   { echo "== $label: rc=$rc"; cat /tmp/part.log; } >> "$OUT/$log"
 }
 if wants tests; then
-  python3 -m pytest tests -q -p no:cacheprovider -m "${TEST_MARKS:-gpu or fla}" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
+  python3 -m pytest ${TEST_ARGS:-tests} -q -p no:cacheprovider -m "${TEST_MARKS:-gpu or fla}" -rs --durations=8 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("${TEST_MARKS:-gpu or fla} tests: $(tail -1 "$OUT/gpu-tests.log")")
 fi
 if wants sanitize; then
