@@ -30,7 +30,7 @@ and the read floor, with verify's state bytes (one state-sized read) for scale. 
 correct kernels: they only say where the time goes.
 
 Usage: ``python scripts/experiment_verify_bounds.py --presets qwen3.5-4b,nemotron-nano-4b,kimi-linear``
-(launch shapes: ``--launch PRESET=WARPS,ROWS[,REGS]``, default the ones tuned in the latest headline;
+(launch shapes: ``--launch PRESET=LABEL`` or ``PRESET=WARPS,ROWS[,REGS]``, default the ones tuned in the latest headline;
 ``--tensor-cores-under-cap`` renders verify's rows on tensor cores under a register cap too, where the
 generator's rule, ``tensor_core_verify``, takes the SIMT rows).
 """
@@ -48,9 +48,9 @@ from replayssm_dsl.runtime import cuda_module
 from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
                                              verify_and_commit, verify_inputs)
 
-TUNED = {  # verify's launch shapes at B = 256 in the 02cf47f headline
-    "nemotron-nano-4b": LaunchConfig(5, 16), "nemotron-super-120b": LaunchConfig(4, 16),
-    "qwen3.5-4b": LaunchConfig(8, 16), "qwen3.5-122b": LaunchConfig(8, 16), "kimi-linear": LaunchConfig(8, 16)}
+TUNED = {name: LaunchConfig.from_label(label) for name, label in {  # verify's launch shapes at B = 256, 6a3caed headline
+    "nemotron-nano-4b": "5x16/r96/f4", "nemotron-super-120b": "4x16/r96/f4",
+    "qwen3.5-4b": "8x16/r80/f6", "qwen3.5-122b": "8x16/r80/f6", "kimi-linear": "8x16"}.items()}
 ROW_ADDRESS = "checkpoint + (((size_t)page * HV + hv) * V + row) * K + 4 * (quad + 4 * m)"
 RECORD_STAGE = "    if (!flush) {\n        stage_floats"
 
@@ -82,6 +82,29 @@ NO_CUMULATE = _replace("for (int e = tid; e < K; e += THREADS) {\n        float 
 NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo = warp; combo < 0 * ((NREC", "no scores (tensor cores)"),
              _replace("for (int j = 0; j < t; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS",
                       "for (int j = 0; j < 0; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS", "no scores (SIMT)")]
+# What the value heads of one key group could share (the drafts' keys and queries, the records' keys, the
+# scores' products), left out of every CTA: a bound on verify with that work done once per key group (GDN's
+# 2 or 4 heads, Mamba-2's 12 or 16; KDA has none). The cumulate, which decays the keys and queries per
+# value head, stays, and so do the scalar fields (decay, beta); the scores' decay factors go with them.
+_KEY_GROUP_STORE = re.compile(r"            if \(e < K\) \{ \(sh_key \+ n \* K\)\[j \* K \+ e\] = [^;]+; sh_q\[j \* K \+ e\] = [^;]+; \}\n")
+
+
+def _no_key_group_fields(text: str) -> str:
+    """The drafts' key and query fields (their loads, norms and stores to shared memory) left out: the
+    stores go, the norms' warp sums become lane sums (a shuffle whose result is unused is not dropped),
+    and the compiler drops the work whose only use they were."""
+    start = text.find(RECORDS_END)
+    end = text.find("    cp_async_wait();\n", start)
+    fields = text[start:end]
+    if "#define GROUP 1\n" in text or start < 0 or len(_KEY_GROUP_STORE.findall(fields)) != 1:
+        raise NotApplicable("no key-group fields (a key per value head, or no such store)")
+    fields = _KEY_GROUP_STORE.sub("", fields, count=1).replace("rsqrtf(warp_sum(ss) + ", "rsqrtf(ss + ")
+    return text[:start] + fields + text[end:]
+
+
+NO_KEY_GROUP_FIELDS = in_kernel("verify", _no_key_group_fields)
+NO_RECORD_KEYS = _replace("        stage_floats<VEC == 4>(sh_key, rec_key", "        if (t < 0) stage_floats<VEC == 4>(sh_key, rec_key",
+                          "records' keys not staged")
 NO_RECURRENCE = _replace("        if (j >= t) break;", "        if (j >= 0) break;", "no drafts' recurrence")
 LIGHT_FLUSH_CHECK = in_kernel("flush_for_verify", _light_flush_check)
 ROWS_START = "    constexpr int MT = (RPW + 15) / 16;  // 16-row tiles per warp\n"
@@ -223,6 +246,8 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "no drafts' fields (bound)": [NO_FIELDS], "no cumulate (bound)": [NO_CUMULATE],
             "no scores (bound)": [NO_SCORES], "no drafts' recurrence (bound)": [NO_RECURRENCE],
             "fields, cumulate, scores left out (bound)": [NO_FIELDS, NO_CUMULATE, NO_SCORES],
+            # the work a key group's value heads could share, left out (scalar decays, a key shared by heads)
+            "key-group work left out (bound)": [NO_KEY_GROUP_FIELDS, NO_RECORD_KEYS, NO_SCORES],
             # the fold launched before verify: its early exits at low resources, or not launched at all
             "flush_for_verify: checks only (bound)": [LIGHT_FLUSH_CHECK],
             "flush_for_verify not launched (bound)": "skip flush_for_verify",
@@ -239,8 +264,9 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
 # measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
-# vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments
-FAMILY_SPECIFIC = ("scores of used keys only", "queries split once", "cumulate over every thread",
+# vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments, and
+# its keys are per value head (no key group to share)
+FAMILY_SPECIFIC = ("key-group work left out (bound)", "scores of used keys only", "queries split once", "cumulate over every thread",
                    "cumulate over every thread, decays in registers")
 # (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
 # own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
@@ -281,7 +307,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--drafts", type=int, default=8)
     parser.add_argument("--variant", action="append", default=[], help="a label to time (repeatable; default: all)")
-    parser.add_argument("--launch", action="append", default=[], help="PRESET=WARPS,ROWS[,REGS] (repeatable)")
+    parser.add_argument("--launch", action="append", default=[],
+                        help="PRESET=LABEL (8x16/r80/f6) or PRESET=WARPS,ROWS[,REGS] (repeatable)")
     parser.add_argument("--tensor-cores-under-cap", action="store_true",
                         help="verify's rows on tensor cores at any register cap (the generator: only uncapped)")
     args = parser.parse_args()
@@ -295,7 +322,7 @@ def main() -> None:
     launches = dict(TUNED)
     for item in args.launch:
         name, shape = item.split("=")
-        launches[name] = LaunchConfig(*map(int, shape.split(",")))
+        launches[name] = LaunchConfig(*map(int, shape.split(","))) if "," in shape else LaunchConfig.from_label(shape)
     rows, t = args.batch, args.drafts
     table = []
     for name in args.presets.split(","):
