@@ -17,6 +17,9 @@ commit, accepting none):
 * each phase left out in turn (the drafts' fields, the cumulate, the scores, the drafts' recurrence,
   and the first three together): what each phase costs in time, where stall sampling gives shares of
   samples;
+* ``key-group work left out (bound)``: what the value heads of one key group could share (the drafts'
+  key and query fields, the records' keys, the scores), left out of every CTA: verify with that work
+  done once per key group and nothing else changed, as a bound (GDN and Mamba-2; at ``75b1f5a``);
 * correct kernels that change an order or save work, timed before the generator adopts them (at
   ``8fa44e7`` none of those still here was faster: the fill loaded before the rows, the scores of the
   key blocks in use only, the drafts' queries split for 3xTF32 once by the cumulate; at ``b69cb6d`` and
@@ -32,7 +35,8 @@ correct kernels: they only say where the time goes.
 Usage: ``python scripts/experiment_verify_bounds.py --presets qwen3.5-4b,nemotron-nano-4b,kimi-linear``
 (launch shapes: ``--launch PRESET=LABEL`` or ``PRESET=WARPS,ROWS[,REGS]``, default the ones tuned in the latest headline;
 ``--tensor-cores-under-cap`` renders verify's rows on tensor cores under a register cap too, where the
-generator's rule, ``tensor_core_verify``, takes the SIMT rows).
+generator's rule, ``tensor_core_verify``, takes the SIMT rows; ``--speculative`` also times the base
+as ``replayssm bench``'s spec8, with commits that accept, so the fills move and some rows fold first).
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ from replayssm_dsl.lowering import render_replay
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_verify_mma import verify_fits_tensor_cores
 from replayssm_dsl.runtime import cuda_module
-from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
-                                             verify_and_commit, verify_inputs)
+from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, speculative_accepts,
+                                             time_graphs, verify_and_commit, verify_inputs)
 
 TUNED = {name: LaunchConfig.from_label(label) for name, label in {  # verify's launch shapes at B = 256, 6a3caed headline
     "nemotron-nano-4b": "5x16/r96/f4", "nemotron-super-120b": "4x16/r96/f4",
@@ -301,6 +305,19 @@ def _launches(cache, drafted, tokens, out, t: int, skip_flush: bool) -> None:
         verify_and_commit(cache, drafted, tokens, out, t)
 
 
+def _speculative_ms(cp, cache, config, drafted, tokens, out, rows: int, t: int) -> float:
+    """Verify of ``t`` drafts with commits that accept, from the mixed fills, as ``replayssm bench``'s
+    spec8 times it (the median over rotations of L rounds of their mean); the fills are put back after."""
+    import numpy as np
+    start = np.arange(rows, dtype=np.int32) % config.window
+    batch = dict(drafted, accepted=cp.asarray(speculative_accepts(rows, t)))
+    cache.buffers["fill"][...] = cp.asarray(start)
+    stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, batch, tokens[i], out, t), 2)
+    ms = time_graphs(cp, stream, graphs, 60, rotation=config.window)
+    cache.buffers["fill"][...] = cp.asarray(start)
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,nemotron-nano-4b,kimi-linear")
@@ -311,6 +328,9 @@ def main() -> None:
                         help="PRESET=LABEL (8x16/r80/f6) or PRESET=WARPS,ROWS[,REGS] (repeatable)")
     parser.add_argument("--tensor-cores-under-cap", action="store_true",
                         help="verify's rows on tensor cores at any register cap (the generator: only uncapped)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="also time the base as `replayssm bench`'s spec8: commits that accept (row b accepts "
+                             "b mod (T + 1)), so the fills move and some rows fold first")
     args = parser.parse_args()
     if args.tensor_cores_under_cap:
         render_replay.tensor_core_verify = lambda program, launch: verify_fits_tensor_cores(program.shape, program.config)
@@ -344,6 +364,10 @@ def main() -> None:
             ms = time_graphs(cp, stream, graphs, 60)
             table.append((name, launches[name].label, label, f"{ms:.4f}", f"{ms / read_ms:.2f}"))
             print(*table[-1], flush=True)
+            if args.speculative and label == "base":
+                ms = _speculative_ms(cp, cache, config, drafted, tokens, out, rows, t)
+                table.append((name, launches[name].label, f"{label}, speculative (spec{t})", f"{ms:.4f}", f"{ms / read_ms:.2f}"))
+                print(*table[-1], flush=True)
             cache = graphs = None  # the next variant's buffers reuse the memory
             cp.get_default_memory_pool().free_all_blocks()
         cuda_module.render_program = patched_renderer([])
