@@ -35,6 +35,7 @@ from replayssm_dsl.runtime.benchmark import _floors, capture_graphs, mixed_stead
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts' folder: its edit helpers and variant sets
 from source_edits import NotApplicable, in_kernel, replay_step_edits  # noqa: E402
 import tensor_core_fold  # noqa: E402
+import verify_decay_in_products  # noqa: E402
 
 LOAD = "const float4 v = *reinterpret_cast<const float4*>(row + e);"
 STORE_HEAD = "*reinterpret_cast<float4*>(row + e) =\n                    make_float4("
@@ -348,8 +349,10 @@ VARIANTS["folding rows first (bound, fills held)"] = [replay_step_edits([(
     "                                   : (z - folding_rows) / (WINDOW - 1) * WINDOW + (z - folding_rows) % (WINDOW - 1), hv = blockIdx.y,")])]
 HELD_FILLS = {"folding rows first (bound, fills held)"}  # variants timed (besides) with the fills b mod L held
 VARIANTS.update(tensor_core_fold.VARIANTS)
-VARIANT_TEST_LAUNCH = tensor_core_fold.TEST_LAUNCH  # launches with shared rows (the rest: 8x8/r64)
-VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",)}  # variants that apply to some presets only
+VARIANTS.update(verify_decay_in_products.VARIANTS)  # verify's (variant_tests.py runs the GPU tests with it)
+VARIANT_TEST_LAUNCH = {**tensor_core_fold.TEST_LAUNCH, **verify_decay_in_products.TEST_LAUNCH}  # (the rest: 8x8/r64)
+VARIANT_PRESETS = {"fused cumulate": ("kimi-linear",), "fast exponentials, scores only": ("kimi-linear",), "fold writes from shared": ("kimi-linear",),
+                   **verify_decay_in_products.PRESETS}  # variants that apply to some presets only
 CACHE_HINTS = {  # measured on the H200: none is faster (docs/performance.md); kept to re-measure
     "ld.cs": [(LOAD, "const float4 v = __ldcs(reinterpret_cast<const float4*>(row + e));")],
     "st.cs": [(STORE_HEAD, "__stcs(reinterpret_cast<float4*>(row + e),\n                    make_float4("),

@@ -45,6 +45,7 @@ import argparse
 import re
 
 from experiment_variants import NotApplicable, in_kernel, patched_renderer, scratch_cache  # this folder's script
+import verify_decay_in_products  # this folder's too
 from replayssm_dsl.lowering import render_replay
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_verify_mma import verify_fits_tensor_cores
@@ -263,14 +264,16 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             "fill and records before the rows": [RECORDS_BEFORE_ROWS], "fill and records first": [RECORDS_FIRST],
             # a correct kernel, timed at 1d9e0bd's stop (scalar decays only)
             "cumulate over every thread": [CUMULATE_EVERY_THREAD],
-            "cumulate over every thread, decays in registers": [CUMULATE_EVERY_THREAD_REGISTERS]}
+            "cumulate over every thread, decays in registers": [CUMULATE_EVERY_THREAD_REGISTERS],
+            # a correct kernel, timed on 2026-12-04 and not built (scalar decays, verify on tensor cores)
+            **verify_decay_in_products.VARIANTS}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",
 # measured at ec03904, is ``first_draft_loads``'s since TUNING_VERSION 19)
 # variants whose edits find nothing to change in some families (they print n/a there): under a decay
 # vector (KDA) the scores run on SIMT lanes and the static arrays leave no room for split fragments, and
 # its keys are per value head (no key group to share)
-FAMILY_SPECIFIC = ("key-group work left out (bound)", "scores of used keys only", "queries split once", "cumulate over every thread",
+FAMILY_SPECIFIC = ("key-group work left out (bound)", *verify_decay_in_products.VARIANTS, "scores of used keys only", "queries split once", "cumulate over every thread",
                    "cumulate over every thread, decays in registers")
 # (a variant "drafts' key and query loaded before the rows", measured at 2c851b8, is the generator's
 # own since 8d0cc0b: ``first_draft_loads`` in lowering/render_blocks.py)
