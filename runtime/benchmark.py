@@ -145,6 +145,22 @@ def speculative_fold_share(fills, accepts, drafts: int, config, skip: int, round
     return folds / (len(fills) * rounds)
 
 
+def time_speculative(cp, cache, batch: dict, tokens: list, out, t: int, reps: int) -> float:
+    """Verify of ``t`` drafts with commits that accept (``speculative_accepts``) from the mixed steady
+    state's fills (row b at b mod L), over the two token sets ``tokens``: the fills move and some rows
+    fold first. The share that folds varies from round to round (at B = 256 from 11 to 26 %), so the
+    time is the median over rotations of L rounds of their mean, as for the replay step. The fills
+    are put back after."""
+    rows, window = int(batch["slot"].shape[0]), cache.config.window
+    start = cp.asarray(np.arange(rows, dtype=np.int32) % window)
+    batch = dict(batch, accepted=cp.asarray(speculative_accepts(rows, t)))
+    cache.buffers["fill"][...] = start
+    stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, batch, tokens[i], out, t), 2)
+    ms = time_graphs(cp, stream, graphs, reps, rotation=window)
+    cache.buffers["fill"][...] = start  # back to the mixed steady state's fills
+    return ms
+
+
 def verify_and_commit(cache, batch: dict, tokens: dict, out, t: int) -> None:
     cache.launch_verify(batch, tokens, out)
     cache.launch_commit(batch, t)
@@ -267,18 +283,10 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     if "speculative" in kernels:  # verify T = T_max with commits that accept: the fills move, some rows fold
         t = config.max_drafts
         toks, vb, outt = verify_inputs(cp, decl, shape, rng, batch_dev, t, sets=2)
-        accepts = speculative_accepts(batch, t)
-        vb = dict(vb, accepted=cp.asarray(accepts))
-        start = np.arange(batch, dtype=np.int32) % config.window
-        cache.buffers["fill"][...] = cp.asarray(start)
-        stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, vb, toks[i], outt, t), 2)
-        # the share that folds varies from round to round (at B = 256 from 11 to 26 %), so the time is
-        # the median over rotations of L rounds of their mean, as for the replay step
-        res[f"verify_spec_T{t}"] = time_graphs(cp, stream, graphs, reps, rotation=config.window)
+        res[f"verify_spec_T{t}"] = time_speculative(cp, cache, vb, toks, outt, t, reps)
         # before the timed replays: one untimed launch per graph (capture_graphs) and 3 warm-up replays
-        res["spec_fold_share"] = speculative_fold_share(start, accepts, t, config, skip=2 + 3,
-                                                        rounds=reps * config.window)
-        cache.buffers["fill"][...] = cp.asarray(start)  # back to the mixed steady state's fills
+        res["spec_fold_share"] = speculative_fold_share(np.arange(batch) % config.window, speculative_accepts(batch, t), t,
+                                                        config, skip=2 + 3, rounds=reps * config.window)
     if "snapshot" in kernels:
         t = 8
         snaps = cp.empty((batch, t, HV, V, K), cp.float32)

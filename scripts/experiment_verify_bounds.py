@@ -50,8 +50,8 @@ from replayssm_dsl.lowering import render_replay
 from replayssm_dsl.lowering.launch import LaunchConfig
 from replayssm_dsl.lowering.render_verify_mma import verify_fits_tensor_cores
 from replayssm_dsl.runtime import cuda_module
-from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, speculative_accepts,
-                                             time_graphs, verify_and_commit, verify_inputs)
+from replayssm_dsl.runtime.benchmark import (_floors, capture_graphs, mixed_steady_state, preset_setup, time_graphs,
+                                             time_speculative, verify_and_commit, verify_inputs)
 
 TUNED = {name: LaunchConfig.from_label(label) for name, label in {  # verify's launch shapes at B = 256, 6a3caed headline
     "nemotron-nano-4b": "5x16/r96/f4", "nemotron-super-120b": "4x16/r96/f4",
@@ -308,19 +308,6 @@ def _launches(cache, drafted, tokens, out, t: int, skip_flush: bool) -> None:
         verify_and_commit(cache, drafted, tokens, out, t)
 
 
-def _speculative_ms(cp, cache, config, drafted, tokens, out, rows: int, t: int) -> float:
-    """Verify of ``t`` drafts with commits that accept, from the mixed fills, as ``replayssm bench``'s
-    spec8 times it (the median over rotations of L rounds of their mean); the fills are put back after."""
-    import numpy as np
-    start = np.arange(rows, dtype=np.int32) % config.window
-    batch = dict(drafted, accepted=cp.asarray(speculative_accepts(rows, t)))
-    cache.buffers["fill"][...] = cp.asarray(start)
-    stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, batch, tokens[i], out, t), 2)
-    ms = time_graphs(cp, stream, graphs, 60, rotation=config.window)
-    cache.buffers["fill"][...] = cp.asarray(start)
-    return ms
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="qwen3.5-4b,nemotron-nano-4b,kimi-linear")
@@ -368,7 +355,7 @@ def main() -> None:
             table.append((name, launches[name].label, label, f"{ms:.4f}", f"{ms / read_ms:.2f}"))
             print(*table[-1], flush=True)
             if args.speculative and label == "base":
-                ms = _speculative_ms(cp, cache, config, drafted, tokens, out, rows, t)
+                ms = time_speculative(cp, cache, drafted, tokens, out, t, 60)
                 table.append((name, launches[name].label, f"{label}, speculative (spec{t})", f"{ms:.4f}", f"{ms / read_ms:.2f}"))
                 print(*table[-1], flush=True)
             cache = graphs = None  # the next variant's buffers reuse the memory
