@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Kernel
+from .launch import FRAGMENT_DRAFTS
 from .render_expr import ExprRenderer, input_load
 from .render_row_fields import ROW_FIELDS, finishes_row, row_field_decls
 
@@ -200,7 +201,8 @@ def shared_page_lines(f: Facts) -> list[str]:
         "    " + line for line in pick] + ["}"]
 
 
-def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fill: bool = False) -> list[str]:
+def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fill: bool = False,
+           query_fragments: bool = False) -> list[str]:
     """Head-level fields of tokens j < t (one warp per token) into shared memory, indexed by j (no
     dependence on the fill, so their loads fly with the state's). With ``one_token`` (a step) the
     fields are split across warps instead: the query on warp 0, the key on warp 1, the decay and the
@@ -211,11 +213,15 @@ def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fil
     decay factors ``e^g`` → ``sh_g``. ``hoisted``: K-sized token inputs whose first draft per warp
     ``first_draft_loads`` loaded already. ``at_fill`` (verify on tensor cores, the fill ``n`` known): keys
     straight to their records' place ``sh_key[n + j]`` and raw vector log-decays to ``sh_G[n + j]``, so
-    ``sh_qd`` and ``sh_kd`` are free for the cumulate's fragments."""
+    ``sh_qd`` and ``sh_kd`` are free for the cumulate's fragments. ``query_fragments`` (verify with its
+    decays in the products, ``decay_in_products``): the raw queries go to ``sh_qd`` in B-fragment order
+    too (``fragment_slot``), the columns past the drafts as zeros, and no cumulate follows."""
+    assert not query_fragments or at_fill, "the queries' fragments are verify's on tensor cores"
     replay = mode == "replay"
     ex = decl.expressions()
     key_store = "(sh_key + n * K)" if at_fill else "sh_kd" if replay else "sh_key"
-    vectors = [("f", "key", key_store), ("f", "query", "sh_q")]  # (renderer prefix, field, shared array)
+    # (renderer prefix, field, shared array[, shared array of B fragments])
+    vectors = [("f", "key", key_store), ("f", "query", "sh_q", "sh_qd") if query_fragments else ("f", "query", "sh_q")]
     scalar_lines = []
     decay_vector = None
     if decl.decay_form == "vector":
@@ -225,7 +231,9 @@ def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fil
     strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
     scalar_lines.append(("s", strength, "sh_beta[j] = {};") if strength else None)  # None: sh_beta[j] = 1
     if not one_token:
-        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay, hoisted)
+        zeros = ([f"for (int x = tid; x < ({FRAGMENT_DRAFTS} - t) * K; x += THREADS)  // the columns past the drafts",
+                  "    sh_qd[fragment_slot(t + x / K, x % K)] = 0.f;"] if query_fragments else [])
+        return _fields_per_token(decl, vectors + ([decay_vector] if decay_vector else []), scalar_lines, replay, hoisted) + zeros
     groups = [([vectors[1]], []), ([vectors[0]], []), ([decay_vector] if decay_vector else [], scalar_lines)]
     body = []
     for w, (vector_fields, scalar_fields) in enumerate(groups):
@@ -246,11 +254,12 @@ def _field_lines(decl, vector_fields, scalar_fields, replay: bool, hoisted: tupl
     ``scalar_fields`` (``(prefix, field, C template)``; None: a strength of 1) of token j."""
     ex = decl.expressions()
     body, stores, scalars, renderers = [], [], [], {}
-    for prefix, field, array in vector_fields:
+    for prefix, field, array, *fragments in vector_fields:
         r = renderers.setdefault(prefix, ExprRenderer(decl, prefix, hoisted))
         name = r.render(ex[field], "K")
         value = f"expf({name}[i])" if field == "decay" and not replay else f"{name}[i]"
         stores.append(f"{array}[j * K + e] = {value};")
+        stores += [f"{a}[fragment_slot(j, e)] = {value};" for a in fragments]
     for field in scalar_fields:
         if field is None:
             scalars.append("sh_beta[j] = 1.f;")

@@ -17,9 +17,9 @@ from .ir import Kernel, Program
 from .launch import FRAGMENT_DRAFTS, LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
-from .render_verify_mma import (mma_scores, mma_state_loads, mma_verify_rows, shared_fragment_copies,
-                                shared_fragments_back, shared_fragments_bytes, shared_fragments_refusal,
-                                tensor_core_scores, tensor_core_verify)
+from .render_verify_mma import (DRAFT_DECAY_SUMS, decay_in_products, mma_scores, mma_state_loads, mma_verify_rows,
+                                shared_fragment_copies, shared_fragments_back, shared_fragments_bytes,
+                                shared_fragments_refusal, tensor_core_scores, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
                             record_write_store, row_check_lines, row_loads, row_records, rows_reduced_group, shared_decls,
@@ -295,6 +295,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
+    decays_in_products = f.drafts and decay_in_products(program, launch)  # no cumulate: G summed where read
     shared_rows = _takes_shared_rows(f, launch)  # the step's last rows of each warp in shared memory
     refusal = shared_rows_refusal(program, launch) if shared_rows else None
     if refusal:
@@ -333,7 +334,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         state += loads(checkpoint_row)
     row_fields = (register_row_fields(decl) if fields_in_registers else [] if staged
                   else stage_row_fields(decl, hoisted=hoisted))
-    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores) + row_fields
+    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores,
+                          query_fragments=decays_in_products) + row_fields
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields
@@ -368,10 +370,12 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     body += records_ready(decl, raw, "n", sum_decays=False, wait="cp_async_wait_all_but_last();  // all but the shared fragments"
                           if shared_fragments else "cp_async_wait();")
     body += stage_row_fields(decl, staged, hoisted) if staged else []  # the fields from the copies, read by the rows two barriers on
-    body += _cumulate(decl, raw, fragments=tensor_cores, shift=shift)
-    body.append("__syncthreads();")
+    if decays_in_products:  # the fields wrote the queries' fragments: the scores read only what the barrier above covers
+        body += DRAFT_DECAY_SUMS
+    else:
+        body += _cumulate(decl, raw, fragments=tensor_cores, shift=shift) + ["__syncthreads();"]
     if f.drafts and tensor_core_scores(program, launch):
-        body += mma_scores(decl, shift)
+        body += mma_scores(decl, shift, decay_sums=decays_in_products)
     else:  # SIMT: the replay step, verify with a decay vector of plain keys, verify off the tensor cores or at /c
         body += _scores(decl, "VERIFY_SCORE_RECORDS" if f.drafts else "SCORE_RECORDS", shift)
     append_guard = f.guards.get("append")
@@ -383,7 +387,8 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}
         rec = ["if (blockIdx.x == 0) {"]
         if decl.decay_form == "scalar":
-            rec.append("    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];")
+            G = "G_at(n + j)" if decays_in_products else "sh_G[n + j]"
+            rec.append(f"    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = {G};")
         elif decl.decay_form == "vector":
             rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = "
                        f"{raw_x.get('decay', 'sh_G[n * K + x]')};")
@@ -393,7 +398,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         body += guarded(append_guard, rec)
     body.append("__syncthreads();")
     if tensor_cores:
-        body += (shared_fragments_back(shared_fragments) if shared_fragments else []) + mma_verify_rows(decl, f, append_guard)
+        body += (shared_fragments_back(shared_fragments) if shared_fragments else []) + mma_verify_rows(decl, f, append_guard, decays_in_products)
     else:
         body += [SHARED_ROWS_WAIT + "  // the shared rows have landed"] if shared_rows else []
         body += ([] if writes_in_registers else row_records()) + _replay_rows(decl, f, append_guard, shared_rows, fields_in_registers)

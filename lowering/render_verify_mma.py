@@ -49,6 +49,32 @@ def tensor_core_scores(program, launch) -> bool:
             and (decl.decay_form != "vector" or key_shift(decl, program.config) is not None))
 
 
+def decay_in_products(program, launch) -> bool:
+    """Whether verify applies its drafts' scalar decays to the state products' results instead of to
+    their operands: its scores run on tensor cores (``tensor_core_scores``), the decay is one scalar per
+    draft, and there is no delta rule. Then S (e^{G_{n+j}} q_j) = e^{G_{n+j}} (S q_j): the fields write
+    the raw queries in B-fragment order themselves (``fields(query_fragments=True)``), each lane scales
+    its accumulator columns once after the state products (``_products``), and G_{n+j} is summed where
+    it is read (``DRAFT_DECAY_SUMS``), so the cumulate phase and the barrier after it go. Measured on
+    the H200 at B = 256 (docs/performance.md): 2.2–3.4 % off Mamba-2's verify T = 8, but 1.4–1.9 %
+    onto Gated DeltaNet's, whose key fragments would be scaled too, so delta rules keep the cumulate."""
+    decl = program.declaration
+    return tensor_core_scores(program, launch) and decl.decay_form == "scalar" and not decl.is_delta
+
+
+# G of record x for verify with its decays in the products (``decay_in_products``): the buffer's records'
+# from sh_G, the drafts' summed from the raw log-decays in sh_g in the cumulate's order (the same bits)
+DRAFT_DECAY_SUMS = [
+    "const float G_base = n ? sh_G[n - 1] : 0.f;  // G of the buffer's last record",
+    "auto G_at = [&](int x) {  // G of record x: a draft's (x >= n) summed from the drafts' log-decays",
+    "    if (x < n) return sh_G[x];",
+    "    float acc = G_base;",
+    "    for (int j = 0; j <= x - n; ++j) acc += sh_g[j];",
+    "    return acc;",
+    "};",
+]
+
+
 def shared_fragments_refusal(program, launch) -> str | None:
     """Why ``launch.shared_fragments`` cannot serve ``program`` (None when it can, or is 0): a lane
     holds K / 16 chunks of each fragment row, so no more of them can go through shared memory."""
@@ -148,16 +174,18 @@ def shared_fragments_back(shared: int) -> list[str]:
     ]
 
 
-def mma_scores(decl, shift: float | None = None) -> list[str]:
+def mma_scores(decl, shift: float | None = None, decay_sums: bool = False) -> list[str]:
     """The scores on tensor cores, where e^{G_{n+j} − G_i} factors out of the dot products: for a
     scalar decay or none, keys of records and drafts [32, K] × the drafts' raw queries (keys) [K, 8],
     a warp per 16 keys and part, then scaled; for decay-scaled record keys (``shift`` = C,
     record_keys.py) the keys are k̃_i = e^{C − G_i} ⊙ k_i and draft j's query (key) takes
     e^{G_{n+j} − C} per element as the B fragment is loaded (its key in ``sh_key`` is scaled too, so
     twice), with no scale after. Only i ≤ n + j is stored, as the SIMT scores do. Each lane reads
-    float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's."""
+    float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's. With
+    ``decay_sums`` the drafts' G come from ``G_at`` (``DRAFT_DECAY_SUMS``), not from a cumulate."""
     assert decl.decay_form != "vector" or shift is not None, "a decay vector factors only through scaled keys"
-    scale = " * expf(sh_G[n + j] - sh_G[rec])" if decl.decay_form == "scalar" else ""
+    G = "G_at({})" if decay_sums else "sh_G[{}]"
+    scale = f" * expf({G.format('n + j')} - {G.format('rec')})" if decl.decay_form == "scalar" else ""
     target = "(part ? sh_sk : sh_sq)" if decl.is_delta else "sh_sq"  # PARTS = 1 without a delta rule
     zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
     draft = f"g < t ? *reinterpret_cast<const float4*>(col + e) : {zero}"
@@ -194,8 +222,23 @@ def mma_scores(decl, shift: float | None = None) -> list[str]:
     ]
 
 
-def _products(decl) -> list[str]:
-    """cq (and ck) += state rows × drafts' queries (keys), then + write records × scores."""
+def _decay_columns() -> list[str]:
+    """``decay_in_products``: each lane's accumulator columns (drafts 2·quad and 2·quad + 1) times
+    e^{G_{n+j}}, after the state products and before the records' (whose scores carry their decays)."""
+    return ["{",
+            "    const int j0 = 2 * quad, j1 = j0 + 1;  // this lane's draft columns",
+            "    const float d0 = j0 < t ? expf(G_at(n + j0)) : 0.f, d1 = j1 < t ? expf(G_at(n + j1)) : 0.f;",
+            "    #pragma unroll",
+            "    for (int mt = 0; mt < MT; ++mt)",
+            "        #pragma unroll",
+            "        for (int i = 0; i < 4; ++i) cq[mt][i] *= (i & 1) ? d1 : d0;",
+            "}"]
+
+
+def _products(decl, decay_columns: bool = False) -> list[str]:
+    """cq (and ck) += state rows × drafts' queries (keys), then (``decay_columns``: scaled by the
+    drafts' decays, ``decay_in_products``) + write records × scores."""
+    assert not (decay_columns and decl.is_delta), "decay_in_products: no delta rule"
     delta = decl.is_delta
     acc = "float cq[MT][4], cqs[MT][4]" + (", ck[MT][4], cks[MT][4]" if delta else "") + ";"
     zero = "for (int i = 0; i < 4; ++i) { cq[mt][i] = 0.f; cqs[mt][i] = 0.f;" + (" ck[mt][i] = 0.f; cks[mt][i] = 0.f;" if delta else "") + " }"
@@ -213,6 +256,7 @@ def _products(decl) -> list[str]:
     state += ["    }", "}"]
     state += ["#pragma unroll", "for (int mt = 0; mt < MT; ++mt)", "    #pragma unroll",
               "    for (int i = 0; i < 4; ++i) { cq[mt][i] += cqs[mt][i];" + (" ck[mt][i] += cks[mt][i];" if delta else "") + " }"]
+    state += _decay_columns() if decay_columns else []
     rec_b = ["    const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,",
              "                                      i1 < n && g < t ? sh_sq[g * NREC + i1] : 0.f);"]
     if delta:
@@ -277,6 +321,7 @@ def _outputs(decl, f: Facts) -> list[str]:
             + ["        " + x for x in body] + ["    }", "}"])
 
 
-def mma_verify_rows(decl, f: Facts, append_guard) -> list[str]:
-    """Verify's row work on tensor cores: products, the drafts' recurrence, outputs."""
-    return _products(decl) + _drafts_in_order(decl, f, append_guard) + _outputs(decl, f)
+def mma_verify_rows(decl, f: Facts, append_guard, decay_columns: bool = False) -> list[str]:
+    """Verify's row work on tensor cores: products (``decay_columns``: ``decay_in_products``), the
+    drafts' recurrence, outputs."""
+    return _products(decl, decay_columns) + _drafts_in_order(decl, f, append_guard) + _outputs(decl, f)

@@ -1338,10 +1338,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int i = 0; i < KE; ++i) {
             const int e = k_index(i, lane);
-            if (e < K) { (sh_key + n * K)[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; }
+            if (e < K) { (sh_key + n * K)[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; sh_qd[fragment_slot(j, e)] = f1[i]; }
         }
         if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
     }
+    for (int x = tid; x < (8 - t) * K; x += THREADS)  // the columns past the drafts
+        sh_qd[fragment_slot(t + x / K, x % K)] = 0.f;
     cp_async_wait();
     __syncthreads();
     for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs
@@ -1357,21 +1359,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             sh_skip[x] = 0.f; sh_gate[x] = 0.f;
         }
     }
-    for (int e = tid; e < K; e += THREADS) {
-        float acc = n ? sh_G[n - 1] : 0.f;
-        for (int j = 0; j < t; ++j) {
-            acc += sh_g[j];
-            if (e == 0) sh_G[n + j] = acc;
-            const float dec = expf(acc);
-            const int y = fragment_slot(j, e);
-            sh_qd[y] = sh_q[j * K + e] * dec;
-        }
-        for (int j = t; j < 8; ++j) {  // the columns past the drafts
-            const int y = fragment_slot(j, e);
-            sh_qd[y] = 0.f;
-        }
-    }
-    __syncthreads();
+    const float G_base = n ? sh_G[n - 1] : 0.f;  // G of the buffer's last record
+    auto G_at = [&](int x) {  // G of record x: a draft's (x >= n) summed from the drafts' log-decays
+        if (x < n) return sh_G[x];
+        float acc = G_base;
+        for (int j = 0; j <= x - n; ++j) acc += sh_g[j];
+        return acc;
+    };
     for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {
         const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys
         const float* col = part ? sh_key + (n + g) * K : sh_q + g * K;  // draft g's key or query
@@ -1388,11 +1382,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         #pragma unroll
         for (int v = 0; v < 4; ++v) {
             const int rec = v < 2 ? i0 : i1, j = 2 * quad + (v & 1);
-            if (j < t && rec <= n + j) sh_sq[j * NREC + rec] = c[v] * expf(sh_G[n + j] - sh_G[rec]);
+            if (j < t && rec <= n + j) sh_sq[j * NREC + rec] = c[v] * expf(G_at(n + j) - G_at(rec));
         }
     }
     if (blockIdx.x == 0) {
-        for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = sh_G[n + j];
+        for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = G_at(n + j);
         if (hv % GROUP == 0) for (int x = tid; x < t * K; x += THREADS) rec_key[(((size_t)slot * KEY_HEADS + hk) * CAPACITY + n) * K + x] = sh_key[n * K + x];
     }
     __syncthreads();
@@ -1417,6 +1411,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     for (int mt = 0; mt < MT; ++mt)
         #pragma unroll
         for (int i = 0; i < 4; ++i) { cq[mt][i] += cqs[mt][i]; }
+    {
+        const int j0 = 2 * quad, j1 = j0 + 1;  // this lane's draft columns
+        const float d0 = j0 < t ? expf(G_at(n + j0)) : 0.f, d1 = j1 < t ? expf(G_at(n + j1)) : 0.f;
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) cq[mt][i] *= (i & 1) ? d1 : d0;
+    }
     for (int kr = 0; 8 * kr < n; ++kr) {  // the buffer's records, 8 per product
         const int i0 = 8 * kr + quad, i1 = i0 + 4;  // this lane's records (fragment columns)
         const uint4 bq = split_b_fragment(i0 < n && g < t ? sh_sq[g * NREC + i0] : 0.f,
