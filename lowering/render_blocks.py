@@ -215,7 +215,8 @@ def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fil
     straight to their records' place ``sh_key[n + j]`` and raw vector log-decays to ``sh_G[n + j]``, so
     ``sh_qd`` and ``sh_kd`` are free for the cumulate's fragments. ``query_fragments`` (verify with its
     decays in the products, ``decay_in_products``): the raw queries go to ``sh_qd`` in B-fragment order
-    too (``fragment_slot``), the columns past the drafts as zeros, and no cumulate follows."""
+    too (``fragment_slot``), the columns past the drafts as zeros, and no cumulate follows: a scalar
+    decay is left out (``draft_decay_scan`` sums the drafts' decays)."""
     assert not query_fragments or at_fill, "the queries' fragments are verify's on tensor cores"
     replay = mode == "replay"
     ex = decl.expressions()
@@ -226,7 +227,7 @@ def fields(decl, mode: str, one_token: bool = False, hoisted: tuple = (), at_fil
     decay_vector = None
     if decl.decay_form == "vector":
         decay_vector = ("g", "decay", "(sh_G + n * K)" if at_fill else "sh_qd" if replay else "sh_g")
-    elif decl.decay_form == "scalar":
+    elif decl.decay_form == "scalar" and not query_fragments:  # (with query_fragments: draft_decay_scan)
         scalar_lines.append(("g", "decay", "sh_g[j] = {};" if replay else "sh_g[j] = expf({});"))
     strength = "beta" if "beta" in ex else "strength" if "strength" in ex else None
     scalar_lines.append(("s", strength, "sh_beta[j] = {};") if strength else None)  # None: sh_beta[j] = 1
@@ -423,7 +424,7 @@ DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char dynamic_shared[
 
 def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None = None,
                  writes: str = "static", folds: bool = True, row_copies: bool = False,
-                 fields_in_registers: bool = False) -> list[str]:
+                 fields_in_registers: bool = False, draft_decay_sums: bool = False) -> list[str]:
     """Shared arrays of a kernel; ``fragment_drafts``: ``sh_qd`` and ``sh_kd`` hold at least that many
     drafts (verify on tensor cores writes them as fragments of that many columns, ``sh_kd`` for delta
     rules only); ``writes``: the
@@ -431,7 +432,9 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
     static arrays and them pass 48 KiB together), or ``none`` (they go straight into registers);
     ``folds``: the kernel folds records into rows (a decay vector's e^{G_last}, ``sh_ed``, for ``fold_keys``);
     ``row_copies``: row inputs are copied into the row fields' arrays (``render_row_inputs``);
-    ``fields_in_registers``: the row fields live in registers (``register_row_fields``), no arrays.
+    ``fields_in_registers``: the row fields live in registers (``register_row_fields``), no arrays;
+    ``draft_decay_sums``: the drafts' summed scalar decays ``sh_Gd`` instead of their decays ``sh_g``
+    (verify with its decays in the products: ``draft_decay_scan``).
     The replay step's ``sh_ed`` is ``sh_q``: nothing reads the query after the scores' barrier, and the
     fold writes ``sh_ed`` after the rows (KDA's static arrays: 512 bytes less per CTA)."""
     tn = "TMAX" if drafts else "1"
@@ -450,7 +453,9 @@ def shared_decls(decl, drafts: bool, replay: bool, fragment_drafts: int | None =
         if decl.is_delta:  # the scores against the token's key: only the delta rule's correction reads them
             lines.append(f"__shared__ float sh_sk[{tn} * NREC];")
     if decl.decay_form == "scalar":
-        lines += ["__shared__ float sh_G[NREC];" if replay else "", f"__shared__ float sh_g[{tn}];"]
+        lines += ["__shared__ float sh_G[NREC];" if replay else "",
+                  f"__shared__ float sh_Gd[{FRAGMENT_DRAFTS}];  // G_{{n+j}} - G_{{n-1}} of the drafts" if draft_decay_sums
+                  else f"__shared__ float sh_g[{tn}];"]
     elif decl.decay_form == "vector":
         ed = ("float* const sh_ed = sh_q;  // [K]: the fold's e^{G_last}, after the scores (the last to read sh_q)"
               if not drafts else "__shared__ float sh_ed[K];")

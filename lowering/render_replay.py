@@ -17,7 +17,7 @@ from .ir import Kernel, Program
 from .launch import FRAGMENT_DRAFTS, LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
-from .render_verify_mma import (DRAFT_DECAY_SUMS, decay_in_products, mma_scores, mma_state_loads, mma_verify_rows,
+from .render_verify_mma import (DRAFT_DECAY_SUMS, decay_in_products, draft_decay_scan, mma_scores, mma_state_loads, mma_verify_rows,
                                 shared_fragment_copies, shared_fragments_back, shared_fragments_bytes,
                                 shared_fragments_refusal, tensor_core_scores, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
@@ -310,7 +310,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     staged = staged_row_inputs(decl, program.shape.v_dim, launch.rows_per_cta) if tensor_cores else {}
     body = ids(f) + shared_decls(decl, f.drafts, replay=True, fragment_drafts=fragment_drafts, writes=writes,
                                   folds="fold_tokens" in f.stmts, row_copies=bool(staged),
-                                  fields_in_registers=fields_in_registers)
+                                  fields_in_registers=fields_in_registers, draft_decay_sums=decays_in_products)
     body += staged_row_input_decls(decl, staged)
     if shared_rows:  # dynamic shared memory (dynamic_shared_bytes), so static and dynamic may pass 48 KiB together
         body += [DYNAMIC_SHARED,
@@ -334,8 +334,9 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         state += loads(checkpoint_row)
     row_fields = (register_row_fields(decl) if fields_in_registers else [] if staged
                   else stage_row_fields(decl, hoisted=hoisted))
-    token_fields = fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores,
-                          query_fragments=decays_in_products) + row_fields
+    token_fields = (fields(decl, "replay", one_token=not f.drafts, hoisted=hoisted, at_fill=tensor_cores,
+                           query_fragments=decays_in_products)
+                    + (draft_decay_scan(decl, hoisted) if decays_in_products else []) + row_fields)
     if writes_in_registers:  # lane i: record i's writes at the warp's rows (zeros where no record is loaded)
         state = ["float wv[RPW] = {};"] + state
     # the records' copies start as soon as n is known, so their round trip overlaps the token's fields

@@ -19,9 +19,10 @@ products too (``mma_scores``), unless the launch asks for them on CUDA cores (``
 
 from __future__ import annotations
 
-from .launch import verify_fits_tensor_cores
+from .launch import FRAGMENT_DRAFTS, verify_fits_tensor_cores
 from .record_keys import key_shift
 from .render_blocks import Facts, guarded, output_store, record_write_store
+from .render_expr import ExprRenderer
 from .render_row_fields import epilogue, row_field
 
 LANE_IDS = "const int g = lane >> 2, quad = lane & 3;  // fragment row (and draft column) g, quarter of K quad"
@@ -54,24 +55,38 @@ def decay_in_products(program, launch) -> bool:
     their operands: its scores run on tensor cores (``tensor_core_scores``), the decay is one scalar per
     draft, and there is no delta rule. Then S (e^{G_{n+j}} q_j) = e^{G_{n+j}} (S q_j): the fields write
     the raw queries in B-fragment order themselves (``fields(query_fragments=True)``), each lane scales
-    its accumulator columns once after the state products (``_products``), and G_{n+j} is summed where
-    it is read (``DRAFT_DECAY_SUMS``), so the cumulate phase and the barrier after it go. Measured on
+    its accumulator columns once after the state products (``_products``), and the last warp sums the
+    drafts' decays while the others write the fields (``draft_decay_scan``), so the cumulate phase and
+    the barrier after it go. Measured on
     the H200 at B = 256 (docs/performance.md): 2.2–3.4 % off Mamba-2's verify T = 8, but 1.4–1.9 %
     onto Gated DeltaNet's, whose key fragments would be scaled too, so delta rules keep the cumulate."""
     decl = program.declaration
     return tensor_core_scores(program, launch) and decl.decay_form == "scalar" and not decl.is_delta
 
 
-# G of record x for verify with its decays in the products (``decay_in_products``): the buffer's records'
-# from sh_G, the drafts' summed from the raw log-decays in sh_g in the cumulate's order (the same bits)
+def draft_decay_scan(decl, hoisted: tuple = ()) -> list[str]:
+    """``decay_in_products``, at the end of the fields (before their barrier): the last warp computes
+    every draft's log-decay on a lane (draft j = lane, read straight from the token inputs) and their
+    running sums by a shuffle scan into ``sh_Gd`` (G_{n+j} less the buffer's G_{n-1}), so no cumulate
+    phase and no barrier wait for them; the fields leave the decays out. ``hoisted``: as the fields'
+    (``first_draft_loads``: draft j = warp's inputs and the head's parameters in registers)."""
+    r = ExprRenderer(decl, "d", hoisted)
+    decay = r.render(decl.expressions()["decay"], "")
+    return (["if (warp == WARPS - 1) {  // every draft's log-decay on a lane, and their running sums",
+             "    const int j = lane < t ? lane : 0;  (void)j;  // (a lane past the drafts computes draft 0's and keeps none)"]
+            + ["    " + line for line in r.lines]
+            + [f"    float acc = lane < t ? {decay} : 0.f;",
+               "    #pragma unroll",
+               f"    for (int o = 1; o < {FRAGMENT_DRAFTS}; o <<= 1) {{ const float y = __shfl_up_sync(0xffffffffu, acc, o); if (lane >= o) acc += y; }}",
+               "    if (lane < t) sh_Gd[lane] = acc;",
+               "}"])
+
+
+# verify with its decays in the products (``decay_in_products``): G of record x, the buffer's records'
+# from sh_G, the drafts' from the buffer's last and the scan's sums (``draft_decay_scan``)
 DRAFT_DECAY_SUMS = [
     "const float G_base = n ? sh_G[n - 1] : 0.f;  // G of the buffer's last record",
-    "auto G_at = [&](int x) {  // G of record x: a draft's (x >= n) summed from the drafts' log-decays",
-    "    if (x < n) return sh_G[x];",
-    "    float acc = G_base;",
-    "    for (int j = 0; j <= x - n; ++j) acc += sh_g[j];",
-    "    return acc;",
-    "};",
+    "auto G_at = [&](int x) { return x < n ? sh_G[x] : G_base + sh_Gd[x - n]; };  // G of record x",
 ]
 
 

@@ -82,8 +82,12 @@ def _light_flush_check(text: str) -> str:
 CACHED_ROWS = _replace(ROW_ADDRESS, "checkpoint + (size_t)rw * K + 4 * (quad + 4 * m)", "rows from cache")
 NO_RECORDS = _replace(RECORD_STAGE, "    if (!flush && t < 0) {\n        stage_floats", "records not staged")
 NO_FIELDS = _replace("for (int j = warp; j < t; j += WARPS) {", "for (int j = warp; j < 0; j += WARPS) {", "no fields")
-NO_CUMULATE = _replace("for (int e = tid; e < K; e += THREADS) {\n        float acc", "for (int e = tid; e < 0; e += THREADS) {\n        float acc",
-                       "no cumulate")
+# (verify with its scalar decays in the products, lowering's decay_in_products, has no cumulate: its
+# drafts' decay sums on the last warp are what it leaves out)
+NO_CUMULATE = [_replace("for (int e = tid; e < K; e += THREADS) {\n        float acc", "for (int e = tid; e < 0; e += THREADS) {\n        float acc",
+                        "no cumulate"),
+               _replace("if (warp == WARPS - 1) {  // every draft's log-decay", "if (warp == WARPS - 1 && t < 0) {  // every draft's log-decay",
+                        "no drafts' decay sums")]
 NO_SCORES = [_replace("for (int combo = warp; combo < ((NREC", "for (int combo = warp; combo < 0 * ((NREC", "no scores (tensor cores)"),
              _replace("for (int j = 0; j < t; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS",
                       "for (int j = 0; j < 0; ++j) {\n        for (int i = VERIFY_SCORE_RECORDS", "no scores (SIMT)")]

@@ -1253,7 +1253,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
     __shared__ __align__(16) float sh_qd[(TMAX > 8 ? TMAX : 8) * K];
     __shared__ float sh_sq[TMAX * NREC];
     __shared__ float sh_G[NREC];
-    __shared__ float sh_g[TMAX];
+    __shared__ float sh_Gd[8];  // G_{n+j} - G_{n-1} of the drafts
     __shared__ __align__(16) float sh_value[TMAX * BV];
     __shared__ __align__(16) float sh_skip[TMAX * BV];
     __shared__ __align__(16) float sh_gate[TMAX * BV];
@@ -1323,14 +1323,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         float f1[KE];
         #pragma unroll
         for (int i = 0; i < KE; ++i) { const int e = k_index(i, lane); f1[i] = (e < K) ? (j == warp ? pre_C[i] : tok_C[((size_t)(b * t_tok + j) * H + hk) * K + e]) : 0.f; }
-        const float g0 = pre_A_log;
-        const float g1 = expf(g0);
-        const float g2 = (-g1);
-        const float g3 = (j == warp ? pre_dt : tok_dt[((size_t)(b * t_tok + j) * HV + hv)]);
-        const float g4 = pre_dt_bias;
-        const float g5 = (g3 + g4);
-        const float g6 = softplus_f(g5);
-        const float g7 = (g2 * g6);
         const float s0 = (j == warp ? pre_dt : tok_dt[((size_t)(b * t_tok + j) * HV + hv)]);
         const float s1 = pre_dt_bias;
         const float s2 = (s0 + s1);
@@ -1340,10 +1332,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
             const int e = k_index(i, lane);
             if (e < K) { (sh_key + n * K)[j * K + e] = f0[i]; sh_q[j * K + e] = f1[i]; sh_qd[fragment_slot(j, e)] = f1[i]; }
         }
-        if (lane == 0) { sh_g[j] = g7; sh_beta[j] = s3; }
+        if (lane == 0) { sh_beta[j] = s3; }
     }
     for (int x = tid; x < (8 - t) * K; x += THREADS)  // the columns past the drafts
         sh_qd[fragment_slot(t + x / K, x % K)] = 0.f;
+    if (warp == WARPS - 1) {  // every draft's log-decay on a lane, and their running sums
+        const int j = lane < t ? lane : 0;  (void)j;  // (a lane past the drafts computes draft 0's and keeps none)
+        const float d0 = pre_A_log;
+        const float d1 = expf(d0);
+        const float d2 = (-d1);
+        const float d3 = (j == warp ? pre_dt : tok_dt[((size_t)(b * t_tok + j) * HV + hv)]);
+        const float d4 = pre_dt_bias;
+        const float d5 = (d3 + d4);
+        const float d6 = softplus_f(d5);
+        const float d7 = (d2 * d6);
+        float acc = lane < t ? d7 : 0.f;
+        #pragma unroll
+        for (int o = 1; o < 8; o <<= 1) { const float y = __shfl_up_sync(0xffffffffu, acc, o); if (lane >= o) acc += y; }
+        if (lane < t) sh_Gd[lane] = acc;
+    }
     cp_async_wait();
     __syncthreads();
     for (int x = tid; x < t * BV; x += THREADS) {  // the row fields from the copied inputs
@@ -1360,12 +1367,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) verify(
         }
     }
     const float G_base = n ? sh_G[n - 1] : 0.f;  // G of the buffer's last record
-    auto G_at = [&](int x) {  // G of record x: a draft's (x >= n) summed from the drafts' log-decays
-        if (x < n) return sh_G[x];
-        float acc = G_base;
-        for (int j = 0; j <= x - n; ++j) acc += sh_g[j];
-        return acc;
-    };
+    auto G_at = [&](int x) { return x < n ? sh_G[x] : G_base + sh_Gd[x - n]; };  // G of record x
     for (int combo = warp; combo < ((NREC + 15) / 16) * PARTS; combo += WARPS) {
         const int part = combo % PARTS, i0 = 16 * (combo / PARTS) + g, i1 = i0 + 8;  // this lane's keys
         const float* col = part ? sh_key + (n + g) * K : sh_q + g * K;  // draft g's key or query
