@@ -160,7 +160,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 24
+TUNING_VERSION = 25
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -179,7 +179,8 @@ with shared fragments; 21: and keeps them in dynamic shared memory, which lets `
 22: the replay step's ``sh_ed`` lies in ``sh_q``, and it may take ``8x16/r80/s12/w/v`` (its token's row
 fields in registers), ``8x16/r80/s13/w`` and ``4x16/r96/s10``; 23: the fastest three of the first pass
 are timed again, interleaved, and the least median of those rounds is chosen; 24: verify of few drafts
-also times its finalists with their scores on CUDA cores, ``/c``)."""
+also times its finalists with their scores on CUDA cores, ``/c``; 25: verify of a scalar decay without
+a delta rule applies its drafts' decays to the state products' results, ``decay_in_products``)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
