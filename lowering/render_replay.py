@@ -295,7 +295,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
     decl = program.declaration
     tensor_cores = f.drafts and tensor_core_verify(program, launch)
     fragment_drafts = FRAGMENT_DRAFTS if tensor_cores else None
-    decays_in_products = f.drafts and decay_in_products(program, launch)  # no cumulate: G summed where read
+    decays_in_products = f.drafts and decay_in_products(program, launch)  # no cumulate: the last warp sums the drafts' decays
     shared_rows = _takes_shared_rows(f, launch)  # the step's last rows of each warp in shared memory
     refusal = shared_rows_refusal(program, launch) if shared_rows else None
     if refusal:

@@ -57,9 +57,9 @@ def decay_in_products(program, launch) -> bool:
     the raw queries in B-fragment order themselves (``fields(query_fragments=True)``), each lane scales
     its accumulator columns once after the state products (``_products``), and the last warp sums the
     drafts' decays while the others write the fields (``draft_decay_scan``), so the cumulate phase and
-    the barrier after it go. Measured on
-    the H200 at B = 256 (docs/performance.md): 2.2–3.4 % off Mamba-2's verify T = 8, but 1.4–1.9 %
-    onto Gated DeltaNet's, whose key fragments would be scaled too, so delta rules keep the cumulate."""
+    the barrier after it go. Measured on the H200 at B = 256 (docs/performance.md): 2.1–3.5 % off
+    Mamba-2's verify T = 8; the same edit put 1.4–1.9 % onto Gated DeltaNet's, whose key fragments
+    are scaled too, so delta rules keep the cumulate."""
     decl = program.declaration
     return tensor_core_scores(program, launch) and decl.decay_form == "scalar" and not decl.is_delta
 
