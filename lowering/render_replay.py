@@ -18,7 +18,7 @@ from .launch import FRAGMENT_DRAFTS, LaunchConfig, write_record_layout
 from .record_inputs import raw_record_inputs
 from .render_expr import input_element
 from .render_verify_mma import (DRAFT_DECAY_SUMS, decay_in_products, draft_decay_scan, mma_scores, mma_state_loads, mma_verify_rows,
-                                shared_fragment_copies, shared_fragments_back, shared_fragments_bytes,
+                                record_decay_sum, shared_fragment_copies, shared_fragments_back, shared_fragments_bytes,
                                 shared_fragments_refusal, tensor_core_scores, tensor_core_verify)
 from .render_blocks import (CHECKPOINT_ROW, DYNAMIC_SHARED, FILL_UNHELD, NEXT_FILL, Facts, decay_between, facts, fields, first_draft_loads,
                             fill_load_lines, flush_rule_lines, fold_keys, fold_rows, guarded, hoistable_inputs, ids, output_store,
@@ -388,7 +388,7 @@ def render_replay(k: Kernel, f: Facts, program: Program, launch: LaunchConfig) -
         raw_x = {field: input_element(spec, "x % K", token="x / K") for field, spec in raw.items()}
         rec = ["if (blockIdx.x == 0) {"]
         if decl.decay_form == "scalar":
-            G = "G_at(n + j)" if decays_in_products else "sh_G[n + j]"
+            G = record_decay_sum("n + j", decays_in_products)
             rec.append(f"    for (int j = tid; j < t; j += THREADS) rec_decay[((size_t)slot * HV + hv) * CAPACITY + n + j] = {G};")
         elif decl.decay_form == "vector":
             rec.append("    for (int x = tid; x < t * K; x += THREADS) rec_decay[(((size_t)slot * HV + hv) * CAPACITY + n) * K + x] = "

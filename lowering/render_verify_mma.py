@@ -82,6 +82,13 @@ def draft_decay_scan(decl, hoisted: tuple = ()) -> list[str]:
                "}"])
 
 
+def record_decay_sum(x: str, decay_sums: bool) -> str:
+    """C text of G (the cumulative log-decay) of record ``x`` in verify: ``sh_G[x]``, which the
+    cumulate fills for the drafts too, or with ``decay_sums`` (``decay_in_products``: no cumulate)
+    ``G_at(x)`` (``DRAFT_DECAY_SUMS``)."""
+    return f"G_at({x})" if decay_sums else f"sh_G[{x}]"
+
+
 # verify with its decays in the products (``decay_in_products``): G of record x, the buffer's records'
 # from sh_G, the drafts' from the buffer's last and the scan's sums (``draft_decay_scan``)
 DRAFT_DECAY_SUMS = [
@@ -199,8 +206,8 @@ def mma_scores(decl, shift: float | None = None, decay_sums: bool = False) -> li
     float4 m of its rows, elements (0, 1) as chunk 2m's columns and (2, 3) as 2m + 1's. With
     ``decay_sums`` the drafts' G come from ``G_at`` (``DRAFT_DECAY_SUMS``), not from a cumulate."""
     assert decl.decay_form != "vector" or shift is not None, "a decay vector factors only through scaled keys"
-    G = "G_at({})" if decay_sums else "sh_G[{}]"
-    scale = f" * expf({G.format('n + j')} - {G.format('rec')})" if decl.decay_form == "scalar" else ""
+    G_draft, G_record = record_decay_sum("n + j", decay_sums), record_decay_sum("rec", decay_sums)
+    scale = f" * expf({G_draft} - {G_record})" if decl.decay_form == "scalar" else ""
     target = "(part ? sh_sk : sh_sq)" if decl.is_delta else "sh_sq"  # PARTS = 1 without a delta rule
     zero = "make_float4(0.f, 0.f, 0.f, 0.f)"
     draft = f"g < t ? *reinterpret_cast<const float4*>(col + e) : {zero}"

@@ -269,7 +269,8 @@ VARIANTS = {"base": [], "rows from cache (bound)": [CACHED_ROWS], "records not s
             # a correct kernel, timed at 1d9e0bd's stop (scalar decays only)
             "cumulate over every thread": [CUMULATE_EVERY_THREAD],
             "cumulate over every thread, decays in registers": [CUMULATE_EVERY_THREAD_REGISTERS],
-            # a correct kernel, timed on 2026-12-04 and not built (scalar decays, verify on tensor cores)
+            # a correct kernel, timed on 2026-12-04 (scalar decays, verify on tensor cores); the generator's
+            # own without a delta rule since e28b4d5 (decay_in_products), so it edits GDN's only
             **verify_decay_in_products.VARIANTS}
 # (variants "values by cp.async before the rows" and "row inputs first", measured at 8fa44e7 and 4ab3644,
 # are the generator's own since 959b8a9: lowering/render_row_inputs.py; "scalars before the rows",

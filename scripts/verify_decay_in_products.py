@@ -6,10 +6,11 @@ Verify on tensor cores multiplies the state rows by the drafts' decayed queries 
 cumulate phase writes (``sh_qd``, ``sh_kd``: q_j e^{G_{n+j}}) between two barriers. With a scalar
 decay e^{G_{n+j}} is one number per draft column, so S (q_j e^{G}) = e^{G} (S q_j): the fields write
 the undecayed queries and keys in fragment order themselves, and each lane scales its accumulator
-columns once after the state products. G_{n+j} is summed where it is needed (the scores' decay
-factors, the records' appended decays, the scaling) from the drafts' decays in the cumulate's order,
-so the sums are the same bits. ``experiment_verify_bounds.py`` times it; ``variant_tests.py`` runs
-the GPU tests with it.
+columns once after the state products. The last warp sums the drafts' decays by a shuffle scan
+(``sh_Gd``), which every reader of G_{n+j} uses (the scores' decay factors, the records' appended
+decays, the scaling): the scan adds in another order than the cumulate, so the sums may differ from
+its in the last bits, but agree with each other. ``experiment_verify_bounds.py`` times it;
+``variant_tests.py`` runs the GPU tests with it.
 
 The generator does this for declarations without a delta rule (``decay_in_products`` in
 lowering/render_verify_mma.py), so Mamba-2's verify has no cumulate to edit; this edit remains the
