@@ -35,6 +35,7 @@ from replayssm_dsl.lowering.traffic import Traffic, kernel_traffic, replay_step_
 from replayssm_dsl.random_inputs import random_params, random_tokens
 
 INPUT_SETS = 4
+TIMING_WARMUP = 3  # untimed launches before each timed series
 
 
 def median_of_rotations(times, rotation: int = 1) -> float:
@@ -85,7 +86,7 @@ def warn_if_enqueue_outlasts_hold(enqueue_s) -> None:
                       "raise runtime.benchmark.SPIN_NS", RuntimeWarning, stacklevel=3)
 
 
-def _median_ms(cp, launch, reps: int, warmup: int = 3, rotation: int = 1) -> float:
+def _median_ms(cp, launch, reps: int, warmup: int = TIMING_WARMUP, rotation: int = 1) -> float:
     """CUDA-event time of ``launch(i)``, ms: the median of ``reps`` rotations (``median_of_rotations``),
     each launch queued behind ``hold_gpu`` so that only GPU time is measured."""
     stream = cp.cuda.get_current_stream()
@@ -145,20 +146,23 @@ def speculative_fold_share(fills, accepts, drafts: int, config, skip: int, round
     return folds / (len(fills) * rounds)
 
 
-def time_speculative(cp, cache, batch: dict, tokens: list, out, t: int, reps: int) -> float:
+def time_speculative(cp, cache, batch: dict, tokens: list, out, t: int, reps: int) -> tuple[float, float]:
     """Verify of ``t`` drafts with commits that accept (``speculative_accepts``) from the mixed steady
     state's fills (row b at b mod L), over the two token sets ``tokens``: the fills move and some rows
     fold first. The share that folds varies from round to round (at B = 256 from 11 to 26 %), so the
-    time is the median over rotations of L rounds of their mean, as for the replay step. The fills
-    are put back after."""
+    time is the median over rotations of L rounds of their mean, as for the replay step. Returns that
+    time (ms) and the share of rows that folded over the timed rounds (``speculative_fold_share``, from
+    the same fills and accepts). The fills are put back after."""
     rows, window = int(batch["slot"].shape[0]), cache.config.window
-    start = cp.asarray(np.arange(rows, dtype=np.int32) % window)
-    batch = dict(batch, accepted=cp.asarray(speculative_accepts(rows, t)))
-    cache.buffers["fill"][...] = start
+    start, accepts = np.arange(rows, dtype=np.int32) % window, speculative_accepts(rows, t)
+    batch = dict(batch, accepted=cp.asarray(accepts))
+    cache.buffers["fill"][...] = cp.asarray(start)
     stream, graphs = capture_graphs(cp, lambda i: verify_and_commit(cache, batch, tokens[i], out, t), 2)
     ms = time_graphs(cp, stream, graphs, reps, rotation=window)
-    cache.buffers["fill"][...] = start  # back to the mixed steady state's fills
-    return ms
+    cache.buffers["fill"][...] = cp.asarray(start)  # back to the mixed steady state's fills
+    # before the timed rounds: one untimed launch per graph (capture_graphs) and the warm-up replays
+    untimed = len(graphs) + TIMING_WARMUP
+    return ms, speculative_fold_share(start, accepts, t, cache.config, skip=untimed, rounds=reps * window)
 
 
 def verify_and_commit(cache, batch: dict, tokens: dict, out, t: int) -> None:
@@ -283,10 +287,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     if "speculative" in kernels:  # verify T = T_max with commits that accept: the fills move, some rows fold
         t = config.max_drafts
         toks, vb, outt = verify_inputs(cp, decl, shape, rng, batch_dev, t, sets=2)
-        res[f"verify_spec_T{t}"] = time_speculative(cp, cache, vb, toks, outt, t, reps)
-        # before the timed replays: one untimed launch per graph (capture_graphs) and 3 warm-up replays
-        res["spec_fold_share"] = speculative_fold_share(np.arange(batch) % config.window, speculative_accepts(batch, t), t,
-                                                        config, skip=2 + 3, rounds=reps * config.window)
+        res[f"verify_spec_T{t}"], res["spec_fold_share"] = time_speculative(cp, cache, vb, toks, outt, t, reps)
     if "snapshot" in kernels:
         t = 8
         snaps = cp.empty((batch, t, HV, V, K), cp.float32)

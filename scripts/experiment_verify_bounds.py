@@ -360,7 +360,7 @@ def main() -> None:
             table.append((name, launches[name].label, label, f"{ms:.4f}", f"{ms / read_ms:.2f}"))
             print(*table[-1], flush=True)
             if args.speculative and label == "base":
-                ms = time_speculative(cp, cache, drafted, tokens, out, t, 60)
+                ms, _ = time_speculative(cp, cache, drafted, tokens, out, t, 60)
                 table.append((name, launches[name].label, f"{label}, speculative (spec{t})", f"{ms:.4f}", f"{ms / read_ms:.2f}"))
                 print(*table[-1], flush=True)
             cache = graphs = None  # the next variant's buffers reuse the memory
