@@ -11,7 +11,8 @@ cores (``score_twins``). ``tune_step`` times one group's decode step (the replay
 state, whose median is taken over rotations of L steps, verify of ``max_drafts`` tokens, or of
 ``VERIFY_FEW_DRAFTS``, with its commit, or the conventional step; CUDA graph, median) on a scratch cache for each candidate ``LaunchConfig``, times
 the three fastest again in interleaved rounds, and records the one of least median in a JSON table keyed by declaration fingerprint, shape, replay settings, batch
-size and group (``REPLAYSSM_AUTOTUNE_CACHE``). Caches consult the table before falling back to
+size and group (``REPLAYSSM_AUTOTUNE_CACHE``). Before timing, the candidates' modules are compiled at
+once (``warm_kernel_cache``; ``replayssm bench`` does so for all its presets first). Caches consult the table before falling back to
 ``choose_launch``'s rule (``verify_few`` first falls back to the ``verify`` entry). Needs a GPU.
 """
 
@@ -30,6 +31,8 @@ from replayssm_dsl.lowering.render_replay import shared_rows_refusal
 from replayssm_dsl.lowering.render_verify_mma import shared_fragments_refusal, tensor_core_scores, tensor_core_verify
 
 from .benchmark import capture_graphs, mixed_steady_state, time_graphs, verify_and_commit, verify_inputs
+from .cuda_module import CompiledProgram
+from .parallel_compile import warm_kernel_cache
 
 CANDIDATES = (LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(4, 8), LaunchConfig(8, 8), LaunchConfig(4, 16),
               LaunchConfig(4, 4, max_registers=64), LaunchConfig(8, 4, max_registers=64),
@@ -112,6 +115,13 @@ def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
                  and not (c.shared_fragments and not tensor_core_verify(program, c))
                  and not (c.simt_scores and not tensor_core_scores(program, dataclasses.replace(c, simt_scores=False)))
                  and shared_rows_refusal(program, c) is None and shared_fragments_refusal(program, c) is None)
+
+
+def tuning_sources(program, group: str) -> list[str]:
+    """The CUDA sources of ``group``'s module (``group_kernels`` of its family) at each of
+    ``distinct_candidates``: what ``tune_step``'s first pass loads, for ``warm_kernel_cache``."""
+    kernels = group_kernels(program, family_of(group))
+    return [CompiledProgram(program, c, kernels).source for c in distinct_candidates(program, group)]
 
 
 def score_twins(program, group: str, launches) -> tuple[LaunchConfig, ...]:
@@ -267,6 +277,7 @@ def tune_step(decl, shape, config, params: dict, rows: int, reps: int = 20,
         raise ValueError(f"group: expected one of {GROUPS}, got {group!r}")
     rng = np.random.default_rng(0)
     program = lower(decl, shape, config)
+    warm_kernel_cache(tuning_sources(program, group))  # every candidate compiled at once, not as each loads
     timings, kept = {}, {}  # kept: the timers of the fastest so far (their caches and graphs held)
 
     def time_candidate(launch):

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl import ReplayConfig, knobs, variants
 from replayssm_dsl.bfloat16 import bfloat16_bits
 from replayssm_dsl.config import PRESETS, RAW_RECORD_FIELDS
 from replayssm_dsl.errors import InputError
+from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.buffer_rules import verify_flushes
 from replayssm_dsl.lowering.record_keys import key_shift
 from replayssm_dsl.lowering.traffic import Traffic, kernel_traffic, replay_step_amortized, verify_mixed
@@ -232,6 +233,21 @@ def preset_setup(name: str, token_dtype: str = "float32", record_dtype: str = "f
     return decl, shape, config, rng, random_params(decl, shape, rng)
 
 
+def tuner_sources(presets, kernels, token_dtype: str = "float32", record_dtype: str = "float32",
+                  raw_record_fields: tuple = RAW_RECORD_FIELDS) -> list[str]:
+    """The modules that the tuner will load for ``presets`` (every candidate of the groups that
+    ``kernels`` need, ``tuning_sources``), every preset's, to compile in one pool."""
+    from .autotune import tuning_sources
+
+    groups = [g for g in _GROUP_ORDER if any(g in _GROUPS.get(k, ()) for k in kernels)]
+    sources = []
+    for name in presets:
+        decl, shape, config, _, _ = preset_setup(name, token_dtype, record_dtype, raw_record_fields)
+        program = lower(decl, shape, config)
+        sources += [source for g in groups for source in tuning_sources(program, g)]
+    return list(dict.fromkeys(sources))
+
+
 def parse_kernels(text: str) -> tuple[str, ...]:
     """``--kernels``: comma-separated names from ``KERNELS``; a clear error names an unknown one."""
     names = tuple(k for k in text.split(",") if k)
@@ -396,6 +412,7 @@ def plot(results: list[dict], path: Path) -> bool:
 def main(args) -> int:
     kernels = parse_kernels(args.kernels)
     from .cuda_module import require_gpu
+    from .parallel_compile import warm_kernel_cache
     cp = require_gpu("replayssm bench")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -404,8 +421,14 @@ def main(args) -> int:
     if args.quick:
         batches = [b for b in batches if b in (1, 32, 256)] or batches
     reps = 20 if args.quick else 60
-    results = []
     t0 = time.time()
+    sources = tuner_sources(presets, kernels, args.token_dtype, args.record_dtype, args.raw_record_fields)
+    workers = knobs.compile_workers()
+    if workers > 1:  # every candidate compiled at once: the tuner's loads below find them in CuPy's cache
+        failed = warm_kernel_cache(sources, workers)
+        print(f"compiled {len(sources)} modules for the tuner on {workers} threads in {time.time() - t0:.0f}s"
+              + (f" ({len(failed)} failed: their loads report why)" if failed else ""), flush=True)
+    results = []
     for preset_name in presets:
         for batch in batches:
             r = bench_one(cp, preset_name, batch, reps, kernels, args.token_dtype, args.record_dtype, args.raw_record_fields)

@@ -18,6 +18,8 @@ from replayssm_dsl.lowering.launch import LaunchConfig, grid_of
 from replayssm_dsl.lowering.render_cuda import render_program
 from replayssm_dsl.lowering.render_replay import dynamic_shared_bytes
 
+from .nvrtc_compile import NVRTC_OPTIONS
+
 _MODULES: dict[str, object] = {}
 
 
@@ -83,7 +85,7 @@ class CompiledProgram:
             self._module = _MODULES.get(self.hash)
             if self._module is None:
                 cupy = _cupy()
-                self._module = cupy.RawModule(code=self.source, options=("-std=c++17",),
+                self._module = cupy.RawModule(code=self.source, options=NVRTC_OPTIONS,
                                               name_expressions=None)
                 _MODULES[self.hash] = self._module
         return self._module

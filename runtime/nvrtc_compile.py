@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from replayssm_dsl.errors import BackendUnavailable
 
-NVRTC_OPTIONS = ("-std=c++17",)
+NVRTC_OPTIONS = ("-std=c++17",)  # every module's, here and through CuPy (part of its cache key)
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _WARNING = re.compile(r"(?i)\bwarning\b")

@@ -1,0 +1,61 @@
+"""Runtime layer: compile many generated modules at once, on a pool of threads, into CuPy's on-disk
+kernel cache, so that the ``RawModule`` loads that follow find their cubins there.
+
+NVRTC compiles one module on one core, and a module of the generated kernels takes about 0.2–1 s. The
+autotuner compiles every launch candidate of a group (some 70 modules per preset over its four
+groups), one after another, which is most of a ``replayssm bench`` run on a fresh machine. CuPy keeps
+each cubin in ``~/.cupy/kernel_cache`` (``CUPY_CACHE_DIR``) under a hash of its source and options and
+reuses it in any process, so compiling the candidates first on every core makes the tuner's own loads
+cache hits, with the cubins it would have built itself. Threads suffice: CuPy's NVRTC binding (like
+cuda-python's) releases the GIL while ``nvrtcCompileProgram`` runs, NVRTC allows concurrent calls on
+distinct programs, and CuPy writes each cubin to its cache (a temporary file moved into place) before
+it loads the module, so the cache holds it even where a thread's own load of it fails.
+
+``warm_kernel_cache`` never fails the caller: a source that does not compile is left for the load
+that needs it to report (a cubin not in the cache is compiled there, as without the pool).
+``REPLAYSSM_COMPILE_WORKERS`` sets the pool's size (0 or 1: no pool).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from replayssm_dsl import knobs
+
+from .cuda_module import source_hash
+from .nvrtc_compile import NVRTC_OPTIONS
+
+_SENT: set[str] = set()  # hashes of the sources this process has had compiled (or is loading itself)
+
+
+def cupy_compile(source: str) -> None:
+    """Compile ``source`` as ``CompiledProgram.module`` does (the same options, so the same cache key)
+    into CuPy's kernel cache."""
+    import cupy
+
+    cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=None).compile()
+
+
+def _compile_quietly(compile_one, source: str) -> str | None:
+    """On a pool thread: ``compile_one(source)``; the error's text instead of raising it."""
+    try:
+        compile_one(source)
+    except Exception as exc:  # noqa: BLE001 - the load in the parent reports it
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def warm_kernel_cache(sources, workers: int | None = None, compile_one=cupy_compile) -> dict[str, str]:
+    """Compile those of ``sources`` this process has not sent before with ``compile_one`` on
+    ``workers`` threads (default ``knobs.compile_workers()``); return {source hash: error text} of
+    those that failed (the loads that need them raise their errors; nothing with fewer than two
+    sources or workers)."""
+    workers = knobs.compile_workers() if workers is None else workers
+    todo = {source_hash(s): s for s in sources}
+    todo = {h: s for h, s in todo.items() if h not in _SENT}
+    if workers < 2 or len(todo) < 2:
+        return {}
+    with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="replayssm-compile") as pool:
+        errors = dict(zip(todo, pool.map(lambda source: _compile_quietly(compile_one, source), todo.values())))
+    _SENT.update(todo)
+    return {h: e for h, e in errors.items() if e is not None}
