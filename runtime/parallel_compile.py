@@ -18,6 +18,7 @@ that needs it to report (a cubin not in the cache is compiled there, as without 
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from replayssm_dsl import knobs
@@ -25,36 +26,42 @@ from replayssm_dsl import knobs
 from .cuda_module import source_hash
 from .nvrtc_compile import NVRTC_OPTIONS
 
-_SENT: set[str] = set()  # hashes of the sources this process has had compiled (or is loading itself)
+_SENT: set[str] = set()  # hashes of the sources this process has sent to a pool (compiled or failed)
 
 
-def cupy_compile(source: str) -> None:
-    """Compile ``source`` as ``CompiledProgram.module`` does (the same options, so the same cache key)
-    into CuPy's kernel cache."""
+def cupy_compile(source: str, device: int) -> None:
+    """Compile ``source`` for GPU ``device`` as ``CompiledProgram.module`` does (the same options, so
+    the same cache key) into CuPy's kernel cache; on a pool thread, the device made current there
+    first (its primary context, which CuPy's module load needs)."""
     import cupy
 
-    cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=None).compile()
+    with cupy.cuda.Device(device):
+        cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=None).compile()
 
 
 def _compile_quietly(compile_one, source: str) -> str | None:
     """On a pool thread: ``compile_one(source)``; the error's text instead of raising it."""
     try:
         compile_one(source)
-    except Exception as exc:  # noqa: BLE001 - the load in the parent reports it
+    except Exception as exc:  # noqa: BLE001 - the load that needs the module reports it
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def warm_kernel_cache(sources, workers: int | None = None, compile_one=cupy_compile) -> dict[str, str]:
-    """Compile those of ``sources`` this process has not sent before with ``compile_one`` on
-    ``workers`` threads (default ``knobs.compile_workers()``); return {source hash: error text} of
-    those that failed (the loads that need them raise their errors; nothing with fewer than two
-    sources or workers)."""
+def warm_kernel_cache(sources, workers: int | None = None, compile_one=None) -> dict[str, str]:
+    """Compile those of ``sources`` this process has not sent before with ``compile_one`` (default:
+    ``cupy_compile`` for the caller's current GPU) on ``workers`` threads (default
+    ``knobs.compile_workers()``); return {source hash: error text} of those that failed (the loads
+    that need them raise their errors; nothing with fewer than two sources or workers)."""
     workers = knobs.compile_workers() if workers is None else workers
     todo = {source_hash(s): s for s in sources}
     todo = {h: s for h, s in todo.items() if h not in _SENT}
     if workers < 2 or len(todo) < 2:
         return {}
+    if compile_one is None:
+        import cupy
+
+        compile_one = functools.partial(cupy_compile, device=cupy.cuda.Device().id)
     with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="replayssm-compile") as pool:
         errors = dict(zip(todo, pool.map(lambda source: _compile_quietly(compile_one, source), todo.values())))
     _SENT.update(todo)
