@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install, GPU tests, sanitizers, benchmarks; a short table last.
-# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [profile] [stalls] | all
+# Usage (device tool): bash scripts/gpu-check.sh [tests] [sanitize] [examples] [hf] [bench] [headline] [profile] [stalls] | all
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against;
 # TEST_MARKS: the tests' markers, default "gpu or fla"; "gpu or fla or nvrtc" adds the sm_90 compile checks
 # through this machine's NVRTC; TEST_ARGS: what pytest collects, default "tests", e.g. "tests/test_gpu_kernels.py"
 # or "tests --ignore=tests/test_gpu_kernels.py" to split the suite over two calls on a fresh machine)
-# (default: all, which leaves out profile and stalls; after bench, both use the launch shapes bench tuned)
+# (default: all, which leaves out headline, profile and stalls; after bench, both use the launch shapes bench tuned)
+# headline: the issue's table in one call: bench at B = 256 (every kernel), then at B = 1 (the steps, FLA and
+# the floors; cut at HEADLINE_B1_S seconds, default 240), joined by `replayssm report` into $OUT's results.*;
+# with BENCH_BASELINE, compare.md too (the second run finds the first one's cubins in CuPy's cache)
 # At most 8 files come back from $OUT: install.log, gpu-tests.log, sanitize.log, examples.log, hf.log and
 # bench's results.json, results.md, speedup.png (compare.md with BENCH_BASELINE, so leave out a part then).
 set -uo pipefail
@@ -54,6 +57,19 @@ fi
 if wants bench; then  # the table and the comparison go to stdout; results.md holds the table too
   python3 -m replayssm_dsl.runtime.cli bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee /tmp/bench.log
   if [[ -n ${BENCH_BASELINE:-} ]]; then  # a committed results.json: new / old per kernel, copy column = machine variance
+    python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
+  fi
+fi
+if [[ $what == *" headline "* ]]; then
+  python3 -m replayssm_dsl.runtime.cli bench --batches 256 --out /tmp/b256 > /tmp/b256.log 2>&1
+  summary+=("bench B=256: rc=$? $(grep -c '^[a-z].* B=256 ' /tmp/b256.log) presets; $(grep -m1 '^compiled' /tmp/b256.log)")
+  timeout "${HEADLINE_B1_S:-240}" python3 -m replayssm_dsl.runtime.cli bench --batches 1 \
+    --kernels replay,conventional,fla,floors --out /tmp/b1 > /tmp/b1.log 2>&1
+  summary+=("bench B=1: rc=$? $(grep -c '^[a-z].* B=1 ' /tmp/b1.log) presets")
+  cat /tmp/b256.log /tmp/b1.log > "$OUT/headline.log"
+  runs=(/tmp/b256/results.json); [[ -s /tmp/b1/results.json ]] && runs=(/tmp/b1/results.json "${runs[@]}")
+  python3 -m replayssm_dsl.runtime.cli report --out "$OUT" "${runs[@]}" 2>&1 | tee -a "$OUT/headline.log"
+  if [[ -n ${BENCH_BASELINE:-} ]]; then
     python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
   fi
 fi
