@@ -4,7 +4,7 @@
   there as ``<declaration>-<sha256 prefix>.cu``.
 - ``REPLAYSSM_ARCH``: the GPU architecture NVRTC compiles for when no GPU says otherwise (``sm_90``).
 - ``REPLAYSSM_AUTOTUNE_CACHE``: where tuned launch shapes are kept (see ``runtime/autotune.py``).
-- ``REPLAYSSM_COMPILE_WORKERS``: how many processes compile the autotuner's candidates at once
+- ``REPLAYSSM_COMPILE_WORKERS``: how many threads compile the autotuner's candidates at once
   (``runtime/parallel_compile.py``; default: the CPUs this process may use, at most
   ``DEFAULT_COMPILE_WORKERS_MAX``, since each NVRTC compile holds a few hundred MB; 0 or 1: one by one
   as they load).
