@@ -4,7 +4,8 @@
 # (BENCH_ARGS: extra `replayssm bench` arguments; BENCH_BASELINE: a results.json to compare against;
 # TEST_MARKS: the tests' markers, default "gpu or fla"; "gpu or fla or nvrtc" adds the sm_90 compile checks
 # through this machine's NVRTC; TEST_ARGS: what pytest collects, default "tests", e.g. "tests/test_gpu_kernels.py"
-# or "tests --ignore=tests/test_gpu_kernels.py" to split the suite over two calls on a fresh machine)
+# or "tests --ignore=tests/test_gpu_kernels.py" to split the suite over two calls on a fresh machine, or
+# "tests -n 4" with the pytest-xdist and execnet wheels in .whl/: four test processes share the GPU)
 # (default: all, which leaves out headline, profile and stalls; after bench, both use the launch shapes bench tuned)
 # headline: the issue's table in one call: bench at B = 256 (every kernel), then at B = 1 (the steps, FLA and
 # the floors) in the time left of HEADLINE_S, joined by `replayssm report` into $OUT's results.* (a run cut
