@@ -118,10 +118,13 @@ def distinct_candidates(program, group: str) -> tuple[LaunchConfig, ...]:
 
 
 def tuning_sources(program, group: str) -> list[str]:
-    """The CUDA sources of ``group``'s module (``group_kernels`` of its family) at each of
-    ``distinct_candidates``: what ``tune_step``'s first pass loads, for ``warm_kernel_cache``."""
-    kernels = group_kernels(program, family_of(group))
-    return [CompiledProgram(program, c, kernels).source for c in distinct_candidates(program, group)]
+    """The CUDA sources that ``tune_step``'s first pass loads for ``group``, for ``warm_kernel_cache``:
+    the group's module (``group_kernels`` of its family) at each of ``distinct_candidates``, and for
+    verify also the replay family's at those launches (its commit runs from there)."""
+    families = (family_of(group), "replay") if family_of(group) == "verify" else (family_of(group),)
+    launches = distinct_candidates(program, group)
+    return list(dict.fromkeys(CompiledProgram(program, c, group_kernels(program, f)).source
+                              for f in families for c in launches))
 
 
 def score_twins(program, group: str, launches) -> tuple[LaunchConfig, ...]:

@@ -9,9 +9,11 @@ reuses it in any process, so compiling the candidates first on every core makes 
 cache hits, with the cubins it would have built itself. Threads suffice: CuPy's NVRTC binding (like
 cuda-python's) releases the GIL while ``nvrtcCompileProgram`` runs, NVRTC allows concurrent calls on
 distinct programs, and CuPy writes each cubin to its cache (a temporary file moved into place) before
-it loads the module, so the cache holds it even where a thread's own load of it fails. (With CuPy
-14.2 and no GPU, ``scripts/compile_pool_probe.py``: kimi's 30 replay candidates 17.3 s one by one,
-8.9 s on 2 threads, every cubin cached.)
+it loads the module, so the cache holds it even where a thread's own load of it fails. Where the
+thread's load succeeds, CuPy's memo of the module serves the caller's load without reading the disk.
+(With CuPy 14.2 and no GPU, ``scripts/compile_pool_probe.py``: kimi's 30 replay candidates 17.3 s one
+by one, 8.9 s on 2 threads, 30 cubins written before the loads, which fail there; that the caller's
+loads find them under the same key, the GPU test ``test_cupy_cache_holds_the_cubins_before_the_loads``.)
 
 ``warm_kernel_cache`` never fails the caller: a source that does not compile is left for the load
 that needs it to report (a cubin not in the cache is compiled there, as without the pool).
@@ -28,7 +30,7 @@ from replayssm_dsl import knobs
 from .cuda_module import source_hash
 from .nvrtc_compile import NVRTC_OPTIONS
 
-_SENT: set[str] = set()  # hashes of the sources this process has sent to a pool (compiled or failed)
+_SENT: set[tuple] = set()  # (GPU or None, source hash) this process has sent to a pool (compiled or failed)
 
 
 def cupy_compile(source: str, device: int) -> None:
@@ -54,17 +56,23 @@ def warm_kernel_cache(sources, workers: int | None = None, compile_one=None) -> 
     """Compile those of ``sources`` this process has not sent before with ``compile_one`` (default:
     ``cupy_compile`` for the caller's current GPU) on ``workers`` threads (default
     ``knobs.compile_workers()``); return {source hash: error text} of those that failed (the loads
-    that need them raise their errors; nothing with fewer than two sources or workers)."""
+    that need them raise their errors; nothing with fewer than two sources or workers). An
+    interrupt cancels the compiles not yet begun."""
     workers = knobs.compile_workers() if workers is None else workers
-    todo = {source_hash(s): s for s in sources}
-    todo = {h: s for h, s in todo.items() if h not in _SENT}
-    if workers < 2 or len(todo) < 2:
-        return {}
+    device = None
     if compile_one is None:
         import cupy
 
-        compile_one = functools.partial(cupy_compile, device=cupy.cuda.Device().id)
-    with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="replayssm-compile") as pool:
+        device = cupy.cuda.Device().id
+        compile_one = functools.partial(cupy_compile, device=device)
+    todo = {source_hash(s): s for s in sources}
+    todo = {h: s for h, s in todo.items() if (device, h) not in _SENT}
+    if workers < 2 or len(todo) < 2:
+        return {}
+    pool = ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="replayssm-compile")
+    try:
         errors = dict(zip(todo, pool.map(lambda source: _compile_quietly(compile_one, source), todo.values())))
-    _SENT.update(todo)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    _SENT.update((device, h) for h in todo)
     return {h: e for h, e in errors.items() if e is not None}

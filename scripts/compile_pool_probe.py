@@ -6,8 +6,10 @@ source made new by a comment so that neither finds the other's cubins, and print
 many cubins each left in CuPy's kernel cache. With a GPU it compiles as ``CompiledProgram.module``
 does (``cupy_compile``) and then times loading the pool's modules as the tuner would. Without one,
 CuPy's compile for sm_90 is called with the architecture given (CuPy asks the driver for it
-otherwise); its module load then fails for want of a driver, after the cubin is cached, which is what
-the pool relies on.
+otherwise), below ``RawModule``'s entry (so under other cache keys than its own); it shows the
+threads' overlap and that the cubin is written before the module load, which then fails for want of
+a driver. That the tuner's loads find the pool's cubins is the GPU test's to show
+(``tests/test_parallel_compile.py``).
 
 Usage: ``python scripts/compile_pool_probe.py [--preset kimi-linear] [--group replay] [--workers 16]``.
 """

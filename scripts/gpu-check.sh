@@ -8,9 +8,9 @@
 # "tests -n 4" with the pytest-xdist and execnet wheels in .whl/: four test processes share the GPU)
 # (default: all, which leaves out headline, profile and stalls; after bench, both use the launch shapes bench tuned)
 # headline: the issue's table in one call: bench at B = 256 (every kernel), then at B = 1 (the steps, FLA and
-# the floors) in the time left of HEADLINE_S, joined by `replayssm report` into $OUT's results.* (a run cut
-# short keeps its rows); with BENCH_BASELINE, compare.md too (the second run finds the first one's cubins in
-# CuPy's cache)
+# the floors), both cut so that they end HEADLINE_S seconds into the script (default 540, install included),
+# joined by `replayssm report` into $OUT's results.* (a run cut short keeps its rows); with BENCH_BASELINE,
+# compare.md too (the second run finds the first one's cubins in CuPy's cache)
 # At most 8 files come back from $OUT: install.log, gpu-tests.log, sanitize.log, examples.log, hf.log and
 # bench's results.json, results.md, speedup.png (compare.md with BENCH_BASELINE, so leave out a part then).
 set -uo pipefail
@@ -62,20 +62,32 @@ if wants bench; then  # the table and the comparison go to stdout; results.md ho
     python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
   fi
 fi
-if [[ $what == *" headline "* ]]; then  # both benches within HEADLINE_S seconds (default 540), so the call's limit never cuts them
-  start=$SECONDS budget=${HEADLINE_S:-540}
-  timeout $((budget - 60)) python3 -m replayssm_dsl.runtime.cli bench --batches 256 --out /tmp/b256 > /tmp/b256.log 2>&1
-  summary+=("bench B=256: rc=$? $(grep -c '^[a-z].* B=256 ' /tmp/b256.log) presets in $((SECONDS - start)) s; $(grep -m1 '^compiled' /tmp/b256.log)")
-  left=$((budget - (SECONDS - start)))
+if [[ $what == *" headline "* ]]; then  # both benches end by HEADLINE_S seconds into this script (default 540)
+  budget=${HEADLINE_S:-540}
+  [[ $budget =~ ^[0-9]+$ ]] || { echo "HEADLINE_S: expected whole seconds, got '$budget'"; exit 2; }
+  rm -rf /tmp/b256 /tmp/b1  # a warm machine keeps an earlier call's results: never join those
+  : > "$OUT/headline.log"
+  left=$((budget - SECONDS - 60))  # (a minute kept for B = 1)
   if (( left > 30 )); then
-    timeout $left python3 -m replayssm_dsl.runtime.cli bench --batches 1 --kernels replay,conventional,fla,floors --out /tmp/b1 > /tmp/b1.log 2>&1
-    summary+=("bench B=1: rc=$? $(grep -c '^[a-z].* B=1 ' /tmp/b1.log) presets in ${left} s or less")
+    timeout -k 10 $left python3 -m replayssm_dsl.runtime.cli bench --batches 256 --out /tmp/b256 2>&1 | tee -a "$OUT/headline.log"
+    rc=${PIPESTATUS[0]}
+    summary+=("bench B=256: rc=$rc, $(grep -c '^[a-z].* B=256 ' "$OUT/headline.log") presets by ${SECONDS} s; $(grep -m1 '^compiled' "$OUT/headline.log")")
   fi
-  cat /tmp/b256.log /tmp/b1.log > "$OUT/headline.log" 2> /dev/null
+  left=$((budget - SECONDS))
+  if (( left > 30 )); then
+    timeout -k 10 $left python3 -m replayssm_dsl.runtime.cli bench --batches 1 --kernels replay,conventional,fla,floors \
+      --out /tmp/b1 2>&1 | tee -a "$OUT/headline.log"
+    rc=${PIPESTATUS[0]}
+    summary+=("bench B=1: rc=$rc, $(grep -c '^[a-z].* B=1 ' "$OUT/headline.log") presets by ${SECONDS} s")
+  fi
   runs=(); for run in /tmp/b1/results.json /tmp/b256/results.json; do [[ -s $run ]] && runs+=("$run"); done
-  python3 -m replayssm_dsl.runtime.cli report --out "$OUT" "${runs[@]}" 2>&1 | tee -a "$OUT/headline.log"
-  if [[ -n ${BENCH_BASELINE:-} ]]; then
-    python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
+  if (( ${#runs[@]} )); then
+    python3 -m replayssm_dsl.runtime.cli report --out "$OUT" "${runs[@]}" 2>&1 | tee -a "$OUT/headline.log"
+    if [[ -n ${BENCH_BASELINE:-} ]]; then
+      python3 -m replayssm_dsl.runtime.cli compare "$BENCH_BASELINE" "$OUT/results.json" 2>&1 | tee "$OUT/compare.md"
+    fi
+  else
+    summary+=("headline: no bench wrote a row (see headline.log)")
   fi
 fi
 # Nsight Compute on the 7th launch of one kernel of scripts/profile_step.py (PROFILE_ARGS: --preset, --batch;

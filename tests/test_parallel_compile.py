@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +17,8 @@ from replayssm_dsl.lowering import lower
 from replayssm_dsl.runtime import parallel_compile
 from replayssm_dsl.runtime.autotune import distinct_candidates, group_kernels, tuning_sources
 from replayssm_dsl.runtime.benchmark import preset_setup
-from replayssm_dsl.runtime.cuda_module import CompiledProgram, source_hash
+from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
+from replayssm_dsl.runtime.cuda_module import source_hash
 
 BAD_SOURCE = 'extern "C" __global__ void broken() { this is not C++ }\n'
 
@@ -31,35 +32,37 @@ def small_program(variant: str = "gdn"):
     return lower(variants.get(variant), PRESETS["qwen3.5-4b"].shape, preset_setup("qwen3.5-4b")[2])
 
 
-@pytest.mark.parametrize("group", ["replay", "verify", "conventional"])
+@pytest.mark.parametrize("group", ["replay", "verify", "verify_few", "conventional"])
 def test_tuning_sources_are_the_modules_the_tuner_loads(group):
+    """What a scratch cache at each candidate builds (``CudaReplayCache._new_module``): the group's
+    family, and for verify the replay family too (commit)."""
     program = small_program()
+    scratch = SimpleNamespace(program=program)  # _new_module reads only the program
+    families = ("verify", "replay") if group.startswith("verify") else (group,)
+    expected = {CudaReplayCache._new_module(scratch, launch, family).source
+                for family in families for launch in distinct_candidates(program, group)}
     sources = tuning_sources(program, group)
-    candidates = distinct_candidates(program, group)
-    assert len(sources) == len(candidates) > 1
-    for launch, source in zip(candidates, sources):
-        assert source == CompiledProgram(program, launch, group_kernels(program, group)).source
-        for name in group_kernels(program, group):
-            assert re.search(rf'extern "C" __global__ void (__launch_bounds__\([\d, ]+\) )?{name}\(', source), (launch.label, name)
-    assert len({source_hash(s) for s in sources}) == len(sources)  # one module per candidate
-
-
-def test_verify_few_compiles_nothing_verify_did_not():
-    program = small_program()
-    assert set(tuning_sources(program, "verify_few")) == set(tuning_sources(program, "verify"))
+    assert set(sources) == expected and len(sources) == len(expected) > 1
+    for source in sources:
+        kernels = [k for family in families for k in group_kernels(program, family)
+                   if re.search(rf'extern "C" __global__ void (__launch_bounds__\([\d, ]+\) )?{k}\(', source)]
+        assert kernels and set(kernels) in ({*group_kernels(program, f)} for f in families)
 
 
 def test_every_source_is_compiled_once_on_several_threads():
     seen, threads, lock = [], set(), threading.Lock()
+    together = threading.Barrier(2, timeout=30)  # two threads at once, or the barrier breaks
 
     def record(source):
+        if source in ("// module 0\n", "// module 1\n"):
+            together.wait()
         with lock:
             seen.append(source)
             threads.add(threading.current_thread().name)
     sources = [f"// module {i}\n" for i in range(12)]
     assert parallel_compile.warm_kernel_cache(sources + sources[:3], workers=4, compile_one=record) == {}
     assert sorted(seen) == sorted(sources)
-    assert all(name.startswith("replayssm-compile") for name in threads)
+    assert len(threads) >= 2 and all(name.startswith("replayssm-compile") for name in threads)
     assert parallel_compile.warm_kernel_cache(sources, workers=4, compile_one=record) == {}  # all sent before
     assert len(seen) == len(sources)
 
@@ -73,11 +76,12 @@ def test_a_failed_compile_is_returned_not_raised():
     assert errors == {source_hash("// bad\n"): "RuntimeError: NVRTC rejected it"}
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_no_pool_compiles_nothing(workers):
+@pytest.mark.parametrize("workers,sources", [(0, ["// a\n", "// b\n"]), (1, ["// a\n", "// b\n"]), (4, ["// a\n"]),
+                                             (4, ["// a\n", "// a\n"]), (4, [])])
+def test_no_pool_for_fewer_than_two_workers_or_sources(workers, sources):
     def compile_one(source):
         raise AssertionError("compiled without a pool")
-    assert parallel_compile.warm_kernel_cache(["// a\n", "// b\n"], workers=workers, compile_one=compile_one) == {}
+    assert parallel_compile.warm_kernel_cache(sources, workers=workers, compile_one=compile_one) == {}
     assert parallel_compile._SENT == set()  # left for the loads
 
 
@@ -110,35 +114,36 @@ def test_nvrtc_on_threads_gives_the_cubins_of_one_by_one_compiles():
         assert cubins[source] == compile_cubin(source).cubin
 
 
-def cupy_cache_dir(cupy):
-    """The folder of CuPy's kernel cache (read once at import since CuPy 14, from ``CUPY_CACHE_DIR``)."""
-    backend = getattr(cupy.cuda.compiler, "_kernel_cache_backend", None)
-    if backend is not None and hasattr(backend, "_cache_dir"):
-        return Path(backend._cache_dir)
-    if hasattr(cupy.cuda.compiler, "get_cache_dir"):
-        return Path(cupy.cuda.compiler.get_cache_dir())
-    pytest.skip("this CuPy does not say where its kernel cache is")
-
-
 @pytest.mark.gpu
-def test_cupy_cache_holds_the_cubins_before_the_loads(tmp_path):
+def test_cupy_cache_holds_the_cubins_before_the_loads(monkeypatch, tmp_path):
+    """On a kernel cache of this test's own, emptied memos: the pool writes one cubin per source, and
+    the loads as ``CompiledProgram`` makes them read those files and write none."""
     import cupy
 
-    from replayssm_dsl.runtime.nvrtc_compile import NVRTC_OPTIONS
+    from replayssm_dsl.runtime import cuda_module
 
-    cache = cupy_cache_dir(cupy)
+    compiler = cupy.cuda.compiler
+    if not hasattr(compiler, "_kernel_cache_backend"):
+        pytest.skip("a CuPy before 14 (its kernel cache has no backend to point at a test's folder)")
+    from cupy.cuda._compiler_cache import DiskKernelCacheBackend
+
+    monkeypatch.setattr(compiler, "_kernel_cache_backend", DiskKernelCacheBackend(str(tmp_path)))
+    monkeypatch.setattr(cuda_module, "_MODULES", {})
     program = small_program("mamba2")
     kernels = group_kernels(program, "conventional")
-    # sources of this test alone (no process has compiled them before)
-    sources = [source + f"// {tmp_path}\n" for source in tuning_sources(program, "conventional")[:3]]
-    before = set(cache.glob("*.cubin"))
-    assert parallel_compile.warm_kernel_cache(sources, workers=3) == {}
-    cached = set(cache.glob("*.cubin"))
-    assert len(cached - before) == len(sources)
-    for source in sources:  # as CompiledProgram loads a module: nothing compiled again
-        module = cupy.RawModule(code=source, options=NVRTC_OPTIONS, name_expressions=None)
-        assert all(module.get_function(name).attributes["local_size_bytes"] == 0 for name in kernels)
-    assert set(cache.glob("*.cubin")) == cached
+    modules = [CudaReplayCache._new_module(SimpleNamespace(program=program), launch, "conventional")
+               for launch in distinct_candidates(program, "conventional")[:3]]
+    cupy.clear_memo()  # no module of this process's memo stands in for the cache
+    assert parallel_compile.warm_kernel_cache([m.source for m in modules], workers=3) == {}
+
+    def files():
+        return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.glob("*.cubin")}
+    cached = files()
+    assert len(cached) == len(modules)
+    cupy.clear_memo()  # the loads below read the disk
+    for module in modules:
+        assert module.local_memory() is not None and all(module.kernel(k) for k in kernels)  # it builds, from the cache
+    assert files() == cached  # nothing compiled again (a compile replaces the file)
 
 
 def test_bench_compiles_each_preset_group_candidate_once():
