@@ -3,7 +3,7 @@ kernel cache, so that the ``RawModule`` loads that follow find their cubins ther
 
 NVRTC compiles one module on one core, and a module of the generated kernels takes about 0.2–1 s. The
 autotuner compiles every launch candidate of a group (some 70 modules per preset over its four
-groups, 345 for the five presets of ``replayssm bench``), one after another, on a fresh machine. CuPy keeps
+groups, 370 for the five presets of ``replayssm bench``), one after another, on a fresh machine. CuPy keeps
 each cubin in ``~/.cupy/kernel_cache`` (``CUPY_CACHE_DIR``) under a hash of its source and options and
 reuses it in any process, so compiling the candidates first on every core makes the tuner's own loads
 cache hits, with the cubins it would have built itself. Threads suffice: CuPy's NVRTC binding (like
