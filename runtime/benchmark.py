@@ -219,6 +219,12 @@ _GROUPS = {"replay": ("replay",), "flush": ("replay",), "conventional": ("conven
 _GROUP_ORDER = ("replay", "verify", "verify_few", "conventional")  # as the launch column lists them
 
 
+def tuned_groups(kernels) -> list[str]:
+    """The launch groups that timing ``kernels`` tunes, in ``_GROUP_ORDER``."""
+    wanted = {g for k in kernels for g in _GROUPS.get(k, ())}
+    return [g for g in _GROUP_ORDER if g in wanted]
+
+
 def preset_setup(name: str, token_dtype: str = "float32", record_dtype: str = "float32",
                  raw_record_fields: tuple = RAW_RECORD_FIELDS):
     """A preset's declaration (its token inputs arriving as ``token_dtype``), shape, replay settings
@@ -239,7 +245,7 @@ def tuner_sources(presets, kernels, token_dtype: str = "float32", record_dtype: 
     ``kernels`` need, ``tuning_sources``), every preset's, to compile in one pool."""
     from .autotune import tuning_sources
 
-    groups = [g for g in _GROUP_ORDER if any(g in _GROUPS.get(k, ()) for k in kernels)]
+    groups = tuned_groups(kernels)
     sources = []
     for name in presets:
         decl, shape, config, _, _ = preset_setup(name, token_dtype, record_dtype, raw_record_fields)
@@ -265,8 +271,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
 
     p = PRESETS[preset_name]
     decl, shape, config, rng, params = preset_setup(preset_name, token_dtype, record_dtype, raw_record_fields)
-    groups = {g for k in kernels for g in _GROUPS.get(k, ())}
-    tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in _GROUP_ORDER if g in groups}
+    tuned = {g: tune_step(decl, shape, config, params, batch, group=g) for g in tuned_groups(kernels)}
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     HV, V, K = shape.heads, shape.v_dim, shape.k_dim
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
@@ -422,9 +427,9 @@ def main(args) -> int:
         batches = [b for b in batches if b in (1, 32, 256)] or batches
     reps = 20 if args.quick else 60
     t0 = time.time()
-    sources = tuner_sources(presets, kernels, args.token_dtype, args.record_dtype, args.raw_record_fields)
     workers = knobs.compile_workers()
     if workers > 1:  # every candidate compiled at once: the tuner's loads below find them in CuPy's cache
+        sources = tuner_sources(presets, kernels, args.token_dtype, args.record_dtype, args.raw_record_fields)
         failed = warm_kernel_cache(sources, workers)
         print(f"compiled {len(sources)} modules for the tuner on {workers} threads in {time.time() - t0:.0f}s"
               + (f" ({len(failed)} failed: their loads report why)" if failed else ""), flush=True)
