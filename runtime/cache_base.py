@@ -12,6 +12,9 @@ argument first (nothing is launched for a bad call) and sequences the kernels of
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping
+
 import numpy as np
 
 from replayssm_dsl.bfloat16 import bfloat16_bits, from_bfloat16_bits
@@ -21,8 +24,21 @@ from replayssm_dsl.errors import ConfigError, InputError
 
 from replayssm_dsl.lowering.lower import lower
 
-from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_accepted, check_array, check_drafts, check_pages,
-                         check_slots, dtype_name, is_device_array)
+from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_accepted, check_array, check_drafts,
+                         check_page_writes, check_pages, check_slot_index, check_slots, dtype_name,
+                         is_device_array)
+
+
+def _count(value, name: str, at_least: int) -> int:
+    """A count given to the constructor (``slots``, ``pages``): any int (NumPy's too), not a bool."""
+    try:
+        count = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or count < at_least:
+        bound = "a positive int" if at_least == 1 else f"an int >= slots={at_least}"
+        raise ConfigError(f"{name}: must be {bound}, got {value!r}")
+    return count
 
 
 class ReplayCacheBase:
@@ -31,11 +47,8 @@ class ReplayCacheBase:
 
     def __init__(self, decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None, *,
                  slots: int, params: dict, pages: int | None = None):
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise ConfigError(f"slots: must be a positive int, got {slots!r}")
-        pages = slots if pages is None else pages
-        if not isinstance(pages, int) or pages < slots:
-            raise ConfigError(f"pages: must be an int >= slots={slots}, got {pages!r}")
+        slots = _count(slots, "slots", 1)
+        pages = slots if pages is None else _count(pages, "pages", slots)
         self.program = lower(decl, shape, config or ReplayConfig())
         self.decl, self.shape, self.config = decl, shape, self.program.config
         self.num_slots, self.num_pages = slots, pages
@@ -53,6 +66,9 @@ class ReplayCacheBase:
         """The declared inputs of ``kind``; raise naming any unknown or missing one in ``given``."""
         declared = [s for s in self.decl.inputs if s.kind == kind]
         label = "params" if kind == "param" else "tokens"
+        if not isinstance(given, Mapping):
+            raise InputError(f"{label}: expected a dict of arrays by input name "
+                             f"({[s.name for s in declared]}), got {type(given).__name__}")
         unknown = sorted(set(given) - {s.name for s in declared})
         if unknown:
             raise InputError(f"{label}: {unknown} not declared by {self.decl.name!r} "
@@ -69,7 +85,11 @@ class ReplayCacheBase:
         for spec in self._declared("param", params):
             value = params[spec.name]
             if not hasattr(value, "__cuda_array_interface__"):
-                value = np.asarray(value, dtype=np.float64)
+                value = np.asarray(value)
+                if value.dtype.kind not in "iuf":
+                    raise InputError(f"params[{spec.name!r}]: dtype {value.dtype} not accepted; "
+                                     "use real numbers (float or int)")
+                value = value.astype(np.float64)
             shape = self._dims(self.program.buffer(spec.name).dims)
             out[spec.name] = check_array(value, f"params[{spec.name!r}]", shape, sign=spec.sign)
         return out
@@ -111,12 +131,18 @@ class ReplayCacheBase:
             raise InputError(f"{operation}: the last verify is not committed yet; call commit(accepted) first "
                              "(commit([0] * rows) rejects every draft)")
 
-    def _batch(self, slots, src_pages=None, dst_pages=None, operation: str = "call") -> dict:
+    def _batch(self, slots, src_pages=None, dst_pages=None, operation: str = "call",
+               every_row_writes: bool = False) -> dict:
+        """The batch's int32 rows after every check: slots, then pages (``every_row_writes``: each
+        live row writes its ``dst_pages``, as flush and load do; see ``check_page_writes``)."""
         self._no_pending_verify(operation)
         slot = check_slots(slots, self.num_slots)
         rows = slot.shape[0]
         src = slot.copy() if src_pages is None else check_pages(src_pages, rows, self.num_pages, slot, "src_pages")
         dst = src.copy() if dst_pages is None else check_pages(dst_pages, rows, self.num_pages, slot, "dst_pages")
+        if operation == "load":
+            src = dst.copy()  # a load reads no checkpoint: it writes its dst page
+        check_page_writes(slot, src, dst, every_row_writes)
         return {"slot": slot, "src_page": src, "dst_page": dst,
                 "drafts": np.where(slot >= 0, 1, 0).astype(np.int32), "accepted": np.zeros(rows, np.int32)}
 
@@ -164,18 +190,17 @@ class ReplayCacheBase:
 
     def flush(self, slots, *, src_pages=None, dst_pages=None):
         """Fold every record of the given slots into their checkpoints (fill becomes 0)."""
-        batch = self._batch(slots, src_pages, dst_pages, "flush")
+        batch = self._batch(slots, src_pages, dst_pages, "flush", every_row_writes=True)
         rows = batch["slot"].shape[0]
         self._launch("flush", rows, batch)
         self._launch("reset_fill", rows, batch)
 
     def load(self, slots, states, *, dst_pages=None):
         """Checkpoint ← ``states`` ``[B, HV, V, K]`` (e.g. prefill's final state); empties the buffer."""
-        batch = self._batch(slots, None, dst_pages, "load")
-        batch["src_page"] = batch["dst_page"].copy()
+        batch = self._batch(slots, None, dst_pages, "load", every_row_writes=True)
         rows = batch["slot"].shape[0]
         shape = (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        states = check_array(states, "states", shape)
+        states = check_array(states, "states", shape, finite_as=self.config.state_dtype)
         self._launch("load", rows, batch, initial=states)
         self._launch("reset_fill", rows, batch)
 
@@ -190,7 +215,7 @@ class ReplayCacheBase:
     def copy_records(self, parent: int, child: int) -> None:
         """Give ``child`` a copy of ``parent``'s records and fill (a fork; the checkpoint is shared)."""
         self._no_pending_verify("copy_records")
-        check_slots([parent, child], self.num_slots, "parent, child")
+        parent, child = (check_slot_index(s, self.num_slots, n) for s, n in ((parent, "parent"), (child, "child")))
         for buf in self.program.buffers:
             if buf.role in ("record", "meta"):
                 self.buffers[buf.name][child] = self.buffers[buf.name][parent]
@@ -198,14 +223,14 @@ class ReplayCacheBase:
     # --- baselines ---------------------------------------------------------------------------------
     def load_conventional(self, slots, states):
         """Baseline state ← ``states``, for ``conventional_step`` and ``snapshot_verify``."""
-        batch = self._batch(slots)
+        batch = self._batch(slots, operation="load_conventional", every_row_writes=True)
         shape = (batch["slot"].shape[0], self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        check_array(states, "states", shape)
+        check_array(states, "states", shape, finite_as=self.config.state_dtype)
         self._store_conventional(batch, states)
 
     def conventional_step(self, slots, tokens: dict, *, out=None):
         """Baseline: read the state, update it in place, output. ``[B, HV, V]``."""
-        batch = self._batch(slots)
+        batch = self._batch(slots, operation="conventional_step")
         rows = batch["slot"].shape[0]
         toks = self._check_tokens(tokens, rows, None)
         out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
@@ -214,7 +239,7 @@ class ReplayCacheBase:
 
     def snapshot_verify(self, slots, tokens: dict, drafts, *, out=None, snapshots=None):
         """Baseline speculative verify: outputs and one full state per draft ``[B, T, HV, V, K]``."""
-        batch = self._batch(slots)
+        batch = self._batch(slots, operation="snapshot_verify")
         rows = batch["slot"].shape[0]
         batch["drafts"] = check_drafts(drafts, batch["slot"], self.config.max_drafts, self.config.capacity)
         t = self._drafts_within_tokens(batch["drafts"], tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replayssm_dsl.errors import ConfigError
+from replayssm_dsl.errors import ConfigError, InputError
 from replayssm_dsl.lowering.interpret import Interpreter
 
 from .cache_base import ReplayCacheBase
@@ -38,11 +38,21 @@ class CpuReplayCache(ReplayCacheBase):
         return np.float16 if dtype == "float16" else self.compute
 
     def _output(self, out, shape, name, dtype="float32"):
+        """A new NaN-filled output, or ``out`` checked: a writeable NumPy array of ``shape`` in this
+        cache's dtype for it (the compute dtype, or float32 as on the GPU), so no value is truncated
+        and no write fails once a kernel of the call has run."""
+        own = np.dtype(self._storage_dtype(dtype) if dtype != "float32" else self.compute)
         if out is None:
-            return np.full(shape, np.nan, self._storage_dtype(dtype) if dtype != "float32" else self.compute)
+            return np.full(shape, np.nan, own)
+        if not isinstance(out, np.ndarray):
+            raise InputError(f"{name}: expected a NumPy array for the CPU backend, got {type(out).__name__}")
         if tuple(out.shape) != tuple(shape):
-            from replayssm_dsl.errors import InputError
             raise InputError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
+        accepted = {own, np.dtype(np.float32)} if dtype == "float32" else {own}
+        if out.dtype not in accepted:
+            raise InputError(f"{name}: dtype {out.dtype} not accepted; use {' or '.join(sorted(d.name for d in accepted))}")
+        if not out.flags.writeable:
+            raise InputError(f"{name}: is read-only; pass a writeable array")
         return out
 
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):

@@ -8,8 +8,11 @@ from attributes; values (finite, signs) are checked on host arrays only, or when
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
+from replayssm_dsl.bfloat16 import round_to_bfloat16
 from replayssm_dsl.errors import CapacityError, InputError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -21,14 +24,36 @@ def dtype_name(array) -> str:
     return name.replace("torch.", "")
 
 
+INT32 = np.iinfo(np.int32)
+
+
 def host_int_array(value, name: str) -> np.ndarray:
-    """A 1-D int32 copy of a host index array (list, tuple or NumPy of integers)."""
+    """A 1-D int32 copy of a host index array (list, tuple or NumPy of integers), every value checked
+    to fit in int32 before the cast (so 2**32 never wraps round to slot 0)."""
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise InputError(f"{name}: expected a 1-D array of ints, got shape {tuple(arr.shape)}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if arr.size:
+        outside = np.flatnonzero((arr < INT32.min) | (arr > INT32.max))
+        if outside.size:
+            i = int(outside[0])
+            raise InputError(f"{name}[{i}] = {int(arr[i])} does not fit in int32")
     return arr.astype(np.int32)
+
+
+def check_slot_index(value, num_slots: int, name: str) -> int:
+    """One live slot given alone (``copy_records``' parent and child): an int in ``[0, num_slots)``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name}: expected a slot index (int), got {value!r}")
+    try:
+        slot = operator.index(value)
+    except TypeError:
+        raise InputError(f"{name}: expected a slot index (int), got {type(value).__name__}") from None
+    if not 0 <= slot < num_slots:
+        raise InputError(f"{name} = {slot} is out of range [0, {num_slots})")
+    return slot
 
 
 def check_slots(slots, num_slots: int, name: str = "slots") -> np.ndarray:
@@ -56,6 +81,29 @@ def check_pages(pages, rows: int, num_pages: int, slots: np.ndarray, name: str) 
         i = int(bad[0])
         raise InputError(f"{name}[{i}] = {arr[i]} is out of range [0, {num_pages})")
     return np.where(live, arr, -1).astype(np.int32)
+
+
+def check_page_writes(slots: np.ndarray, src: np.ndarray, dst: np.ndarray, every_row_writes: bool) -> None:
+    """No two live rows write one checkpoint page, and no row writes a page that another row reads.
+
+    With ``every_row_writes`` (flush, load) every live row writes its ``dst_pages``. Otherwise (step,
+    verify) a row writes its checkpoint only when its buffer fills, so only a row that moves to another
+    page (``dst != src``, copy-on-write) is known here to write; keeping a shared page from being
+    written in place is the slot pool's rule (it gives such a row a fresh page)."""
+    live = np.flatnonzero(slots >= 0)
+    writers = [int(i) for i in (live if every_row_writes else live[dst[live] != src[live]])]
+    writer_of = {}
+    for i in writers:
+        page = int(dst[i])
+        if page in writer_of:
+            raise InputError(f"dst_pages[{i}] = {page} is also dst_pages[{writer_of[page]}]: two rows "
+                             "would write one checkpoint page")
+        writer_of[page] = i
+    for j in live:
+        i = writer_of.get(int(src[j]))
+        if i is not None and i != j:
+            raise InputError(f"dst_pages[{i}] = {dst[i]} is src_pages[{j}]: row {i} would overwrite the "
+                             f"checkpoint that row {j} reads")
 
 
 def check_drafts(drafts, slots: np.ndarray, max_drafts: int, capacity: int) -> np.ndarray:
@@ -88,9 +136,16 @@ def check_accepted(accepted, slots: np.ndarray, drafts: np.ndarray) -> np.ndarra
 
 
 def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_values: bool = True,
-                sign: str = "any", contiguous: bool = False, device: str | None = None):
-    """Check one array's shape, dtype (and on host: finiteness and declared sign)."""
-    got = tuple(getattr(array, "shape", ()))
+                sign: str = "any", contiguous: bool = False, device: str | None = None,
+                finite_as: str = "float32"):
+    """Check one array's shape, dtype, and on the host its values: finite once rounded to
+    ``finite_as`` (the dtype the kernels read or store it in, so 1e39 is refused for a float32 input
+    rather than turned into inf), and of the declared sign. A host array other than NumPy (a CPU torch
+    tensor) has its values checked through a NumPy copy."""
+    if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+        raise InputError(f"{name}: expected an array (NumPy, CuPy or torch) of shape {list(shape)}, "
+                         f"got {type(array).__name__}")
+    got = tuple(array.shape)
     if got != tuple(shape):
         raise InputError(f"{name}: expected shape {list(shape)}, got {list(got)}")
     dt = dtype_name(array)
@@ -102,16 +157,38 @@ def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_va
             raise InputError(f"{name}: is on {where}, expected {device}")
     if contiguous and not _is_contiguous(array):
         raise InputError(f"{name}: must be C-contiguous (strides {getattr(array, 'strides', '?')})")
-    if check_values and isinstance(array, np.ndarray):
-        finite = np.isfinite(array)
-        if not finite.all():
-            idx = tuple(int(i) for i in np.argwhere(~finite)[0])
-            raise InputError(f"{name}: non-finite value {array[idx]} at index {list(idx)}")
-        if sign == "nonpositive" and (array > 0).any():
-            raise InputError(f"{name}: declared sign='nonpositive' but holds {array.max()} > 0")
-        if sign == "nonnegative" and (array < 0).any():
-            raise InputError(f"{name}: declared sign='nonnegative' but holds {array.min()} < 0")
+    if check_values and not is_device_array(array):
+        _check_host_values(host_values(array), name, sign, finite_as)
     return array
+
+
+def host_values(array) -> np.ndarray:
+    """A host array's values as NumPy (a torch bf16 tensor by way of float32: NumPy holds no bf16)."""
+    if isinstance(array, np.ndarray):
+        return array
+    if dtype_name(array) == "bfloat16" and hasattr(array, "float"):
+        array = array.float()
+    return np.asarray(array)
+
+
+def _check_host_values(values: np.ndarray, name: str, sign: str, finite_as: str) -> None:
+    rounded = values
+    with np.errstate(over="ignore"):
+        if finite_as == "bfloat16":
+            rounded = round_to_bfloat16(values)
+        elif np.dtype(finite_as).itemsize < values.dtype.itemsize:
+            rounded = values.astype(finite_as)
+    finite = np.isfinite(rounded)
+    if not finite.all():
+        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+        if np.isfinite(values[idx]):
+            raise InputError(f"{name}: value {values[idx]} at index {list(idx)} overflows {finite_as}, "
+                             "the dtype the kernels hold it in")
+        raise InputError(f"{name}: non-finite value {values[idx]} at index {list(idx)}")
+    if sign == "nonpositive" and (values > 0).any():
+        raise InputError(f"{name}: declared sign='nonpositive' but holds {values.max()} > 0")
+    if sign == "nonnegative" and (values < 0).any():
+        raise InputError(f"{name}: declared sign='nonnegative' but holds {values.min()} < 0")
 
 
 def check_aligned(address: int, name: str, why: str, alignment: int = 16) -> None:

@@ -10,83 +10,18 @@ May import: NumPy, pytest, Hypothesis, ``replayssm_dsl``, ``replayssm_dsl.runtim
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replayssm_dsl import ModelShape, ReplayConfig, variants
+from busy_cache import CONFIG, OPS, SHAPE, SLOTS, Busy, _ops, assert_same, refused
+from replayssm_dsl import variants
 from replayssm_dsl.errors import CapacityError, ConfigError, InputError
-from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
+from replayssm_dsl.random_inputs import random_params, random_state
 from replayssm_dsl.reference import plain_recurrence
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
 from twin import assert_close, buffers_snapshot
-
-SHAPE = ModelShape(heads=4, key_heads=2, v_dim=6, k_dim=5)
-CONFIG = ReplayConfig(window=4, max_drafts=3)  # capacity 7
-SLOTS, PAGES = 4, 6
-
-
-class Busy:
-    """A gdn cache with four live slots at different fills, and the oracle state of each."""
-
-    def __init__(self, seed: int = 0, decl=None, shape=SHAPE, config=CONFIG):
-        self.decl = decl or variants.get("gdn")
-        self.shape, self.config = shape, config
-        self.rng = np.random.default_rng(seed)
-        self.params = random_params(self.decl, shape, self.rng)
-        self.cache = CpuReplayCache(self.decl, shape, config, slots=SLOTS, params=self.params, pages=PAGES)
-        states = random_state(shape, self.rng, (SLOTS,))
-        self.cache.load(list(range(SLOTS)), states)
-        self.cache.load_conventional(list(range(SLOTS)), states)
-        self.state = {s: states[s] for s in range(SLOTS)}
-        for fill_to, slots in ((1, [0, 1, 2, 3]), (2, [1, 2, 3]), (3, [2, 3])):
-            self.step(slots)
-        assert list(self.cache.fills()) == [1, 2, 3, 3]
-
-    def tokens(self, rows: int, t: int | None = None) -> dict:
-        return random_tokens(self.decl, self.shape, self.rng, (rows,) if t is None else (rows, t))
-
-    def step(self, slots, toks=None):
-        toks = toks if toks is not None else self.tokens(len(slots))
-        out = self.cache.step(slots, toks)
-        for b, s in enumerate(slots):
-            o, self.state[s] = plain_recurrence(self.decl, self.shape, {k: v[b:b + 1] for k, v in toks.items()},
-                                                self.params, self.state[s])
-            assert_close(out[b], o[0], 1e-9, f"step slot {s}")
-        return out
-
-    def check_all(self):
-        got = self.cache.materialize(list(range(SLOTS)))
-        for s in range(SLOTS):
-            assert_close(got[s], self.state[s], 1e-9, f"materialize slot {s}")
-
-
-def assert_same(before: dict, cache, what: str):
-    assert sorted(before) == sorted(cache.buffers), f"{what}: buffers added or removed"
-    for name, arr in before.items():
-        now = cache.buffers[name]
-        assert now.dtype == arr.dtype and now.shape == arr.shape, f"{what}: buffer {name!r} reshaped"
-        assert np.array_equal(now, arr, equal_nan=True), f"{what}: buffer {name!r} changed by a refused call"
-
-
-@contextmanager
-def refused(cache, exc, *fragments, exact: bool = False):
-    """The call inside raises ``exc`` (exactly that class when ``exact``), its message holds every
-    fragment, and no buffer of ``cache`` changed."""
-    before = buffers_snapshot(cache)
-    pending = cache._last_verify
-    with pytest.raises(exc) as info:
-        yield info
-    if exact:
-        assert type(info.value) is exc, f"raised {type(info.value).__name__}, expected {exc.__name__}"
-    text = str(info.value)
-    for frag in fragments:
-        assert frag in text, f"message {text!r} does not contain {frag!r}"
-    assert_same(before, cache, text)
-    assert cache._last_verify is pending, "a refused call changed the pending verify"
 
 
 @pytest.fixture
@@ -222,24 +157,6 @@ def test_param_sign_violated():
 
 
 # -- slots, pages, batch arrays ---------------------------------------------------------------------
-def _ops(busy, slots, **kw):
-    """Every slot-taking operation, called on ``slots`` with well-formed everything else."""
-    c, rows = busy.cache, len(slots)
-    states = random_state(SHAPE, busy.rng, (rows,))
-    return {
-        "step": lambda: c.step(slots, busy.tokens(rows), **kw),
-        "verify": lambda: c.verify(slots, busy.tokens(rows, 2), [2] * rows, **kw),
-        "flush": lambda: c.flush(slots, **kw),
-        "load": lambda: c.load(slots, states, **({"dst_pages": kw["dst_pages"]} if "dst_pages" in kw else {})),
-        "materialize": lambda: c.materialize(slots, **({"src_pages": kw["src_pages"]} if "src_pages" in kw else {})),
-        "conventional_step": lambda: c.conventional_step(slots, busy.tokens(rows)),
-        "snapshot_verify": lambda: c.snapshot_verify(slots, busy.tokens(rows, 2), [2] * rows),
-        "load_conventional": lambda: c.load_conventional(slots, states),
-    }
-
-
-OPS = ["step", "verify", "flush", "load", "materialize", "conventional_step", "snapshot_verify", "load_conventional"]
-
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("slots,index,value", [([0, SLOTS], 1, SLOTS), ([99], 0, 99), ([1, -2], 1, -2)])
@@ -265,46 +182,6 @@ def test_malformed_slot_arrays(busy, slots, fragment):
         busy.cache.flush(slots)
     with refused(busy.cache, InputError, "slots", fragment):
         busy.cache.materialize(slots)
-
-
-@pytest.mark.parametrize("op", ["step", "verify", "flush", "materialize"])
-@pytest.mark.parametrize("page", [PAGES, -1, 1000])
-def test_src_pages_out_of_range(busy, op, page):
-    with refused(busy.cache, InputError, f"src_pages[1] = {page} is out of range [0, {PAGES})"):
-        _ops(busy, [0, 1], src_pages=[4, page])[op]()
-
-
-@pytest.mark.parametrize("op", ["step", "verify", "flush", "load"])
-def test_dst_pages_out_of_range(busy, op):
-    with refused(busy.cache, InputError, f"dst_pages[0] = {PAGES} is out of range [0, {PAGES})"):
-        _ops(busy, [2, 3], src_pages=[2, 3], dst_pages=[PAGES, 5])[op]()
-
-
-def test_pages_of_wrong_length(busy):
-    with refused(busy.cache, InputError, "src_pages: length 1 != batch rows 2"):
-        busy.cache.step([0, 1], busy.tokens(2), src_pages=[0])
-
-
-def test_padded_rows_ignore_pages_and_touch_nothing(busy):
-    """A null slot's page and tokens are not read; the live rows still match the oracle."""
-    toks = busy.tokens(3)
-    before = buffers_snapshot(busy.cache)
-    out = busy.cache.step([-1, 0, -1], toks, src_pages=[-7, 0, 99])
-    busy_o, busy.state[0] = plain_recurrence(busy.decl, SHAPE, {k: v[1:2] for k, v in toks.items()},
-                                             busy.params, busy.state[0])
-    assert_close(out[1], busy_o[0], 1e-9, "live row beside padding")
-    for name in ("checkpoint", "rec_write", "rec_key", "rec_decay"):
-        assert np.array_equal(busy.cache.buffers[name][1:], before[name][1:]), name
-    busy.check_all()
-
-
-@pytest.mark.parametrize("op", ["step", "materialize"])
-def test_out_of_wrong_shape(busy, op):
-    bad = np.zeros((2, 1, SHAPE.heads, SHAPE.v_dim + 1))
-    call = {"step": lambda: busy.cache.step([0, 1], busy.tokens(2), out=bad),
-            "materialize": lambda: busy.cache.materialize([0, 1], out=bad)}[op]
-    with refused(busy.cache, InputError, "out: expected shape"):
-        call()
 
 
 # -- drafts, verify, commit -------------------------------------------------------------------------
