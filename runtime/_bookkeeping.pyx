@@ -286,6 +286,17 @@ cdef class SlotPool:
             self._move_slot(slot, self._pend_src[i], self._pend_dst[i])
         self._pending_kind, self._pending_count = NO_BATCH, 0
 
+    def cancel_batch(self):
+        """Drop the pending build_step or build_verify batch, whose kernels did not run (the cache
+        refused the call): the fresh pages it reserved go back, no fill moves, no slot switches page."""
+        if self._pending_kind == NO_BATCH:
+            raise InputError("cancel_batch(): no batch is pending")
+        cdef Py_ssize_t i
+        for i in range(self._pending_count - 1, -1, -1):
+            if self._pend_dst[i] != self._pend_src[i]:
+                self._release_page(self._pend_dst[i])
+        self._pending_kind, self._pending_count = NO_BATCH, 0
+
     # -- internals --------------------------------------------------------------------------------
     cdef int _plan_rows(self, requests, drafts, int kind) except -1:
         """Validate every row, then reserve the fresh pages of shared flushing rows (as PySlotPool)."""

@@ -22,6 +22,7 @@ unshared, else a fresh page reserved now) and, for verify, ``drafts``. Padding r
 ``-1``, pages ``-1`` and drafts ``0``. Each build must be followed by its ``report_step()`` (after
 ``build_step``) or ``commit(accepted)`` (after ``build_verify``) before the next build or any
 allocate / free / fork / prepare_load: until then an InputError says which call is missing.
+``cancel_batch()`` drops a pending batch whose kernels never ran (the cache refused the call).
 
 The returned arrays are views of buffers the pool owns and reuses: the same objects are returned for
 the same ``batch_size``, and they are overwritten by the next build. ``set_step_buffers(slot, src_page,
@@ -259,6 +260,16 @@ class PySlotPool:
         for i, (slot, src, dst, flushes, _) in enumerate(rows):
             self._fill[slot] = (0 if flushes else self._fill[slot]) + int(accepted[i])
             self._move_slot(slot, src, dst)
+        self._pending_kind, self._pending_rows = _NO_BATCH, []
+
+    def cancel_batch(self) -> None:
+        """Drop the pending build_step or build_verify batch, whose kernels did not run (the cache
+        refused the call): the fresh pages it reserved go back, no fill moves, no slot switches page."""
+        if self._pending_kind == _NO_BATCH:
+            raise InputError("cancel_batch(): no batch is pending")
+        for slot, src, dst, _, _ in reversed(self._pending_rows):
+            if dst != src:
+                self._release_page(dst)
         self._pending_kind, self._pending_rows = _NO_BATCH, []
 
     # -- internals --------------------------------------------------------------------------------

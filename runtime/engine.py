@@ -14,16 +14,24 @@ follow, so the scheduler never reads the device. A decode loop is::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from replayssm_dsl.errors import InputError
 
+from .validation import host_int_array
 
-def _pad(tokens: dict, rows: int) -> dict:
-    """Host token arrays padded with zeros to ``rows`` batch rows (device arrays must come padded)."""
+
+def _pad(tokens, requests: int, rows: int):
+    """Host token arrays of one row per request padded with zeros to ``rows`` batch rows (the padded
+    rows' slot is -1); any other length is left for the cache to refuse, naming the input. Device
+    arrays must come padded."""
+    if not isinstance(tokens, Mapping):
+        return tokens
     out = {}
     for name, value in tokens.items():
-        if isinstance(value, np.ndarray) and value.shape[0] < rows:
+        if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == requests < rows:
             pad = np.zeros((rows - value.shape[0],) + value.shape[1:], value.dtype)
             value = np.concatenate([value, pad])
         out[name] = value
@@ -48,7 +56,11 @@ class ReplayEngine:
         """A new request whose checkpoint is ``state`` ``[HV, V, K]`` (e.g. prefill's final state)."""
         slot = self.pool.allocate()
         page = self.pool.prepare_load(slot)
-        self.cache.load([slot], state[None], dst_pages=[page])
+        try:
+            self.cache.load([slot], state[None], dst_pages=[page])
+        except Exception:
+            self.pool.free(slot)  # the cache refused the state: the slot and its page go back
+            raise
         return slot
 
     def fork(self, parent: int) -> int:
@@ -62,27 +74,40 @@ class ReplayEngine:
 
     def step(self, requests, tokens: dict, batch_size: int | None = None):
         """One token per request (``tokens[name]`` ``[len(requests), ...]``); ``[len(requests), HV, V]``."""
-        requests = np.asarray(requests, np.int32)
+        requests = host_int_array(requests, "requests")
         rows = batch_size or requests.shape[0]
         slot, src, dst = self.pool.build_step(requests, rows)
-        out = self.cache.step(slot, _pad(tokens, rows), src_pages=src, dst_pages=dst)
+        out = self._refused_or(lambda: self.cache.step(slot, _pad(tokens, requests.shape[0], rows),
+                                                       src_pages=src, dst_pages=dst))
         self.pool.report_step()
         return out[:requests.shape[0]]
 
     def verify(self, requests, tokens: dict, drafts, batch_size: int | None = None):
         """Outputs of ``drafts[i]`` speculative tokens per request (``tokens[name]`` ``[n, T, ...]``)."""
-        requests = np.asarray(requests, np.int32)
+        requests = host_int_array(requests, "requests")
         rows = batch_size or requests.shape[0]
-        slot, src, dst, drafts_out = self.pool.build_verify(requests, np.asarray(drafts, np.int32), rows)
-        out = self.cache.verify(slot, _pad(tokens, rows), drafts_out, src_pages=src, dst_pages=dst)
+        slot, src, dst, drafts_out = self.pool.build_verify(requests, host_int_array(drafts, "drafts"), rows)
+        out = self._refused_or(lambda: self.cache.verify(slot, _pad(tokens, requests.shape[0], rows), drafts_out,
+                                                         src_pages=src, dst_pages=dst))
         self._verify_rows = rows
         return out[:requests.shape[0]]
 
+    def _refused_or(self, call):
+        """``call()``, the cache's launch of the batch the pool has just built; if the cache refuses it
+        (its checks run before any kernel), the pool drops that batch too, so the engine stays usable."""
+        try:
+            return call()
+        except Exception:
+            self.pool.cancel_batch()
+            raise
+
     def accept(self, accepted) -> None:
         """Commit ``accepted[i]`` drafts of the last verify per request."""
-        accepted = np.asarray(accepted, np.int32)
         if self._verify_rows == 0:
             raise InputError("accept: no verify to accept")
+        accepted = host_int_array(accepted, "accepted")
+        if accepted.shape[0] > self._verify_rows:
+            raise InputError(f"accepted: length {accepted.shape[0]}, but the last verify had {self._verify_rows} rows")
         padded = np.zeros(self._verify_rows, np.int32)
         padded[:accepted.shape[0]] = accepted
         self.pool.commit(accepted)

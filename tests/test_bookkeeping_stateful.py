@@ -198,6 +198,8 @@ class SlotPoolMachine(RuleBasedStateMachine):
         self.check_rows(slot, src, dst, batch_size, n, flushes.__getitem__)
         if data.draw(st.booleans()):
             self.check_forbidden_while_pending(data)
+        if self.cancelled(data):
+            return
         # The device runs the batch: every row reads before any row writes.
         new_content = {}
         for i in range(n):
@@ -231,6 +233,8 @@ class SlotPoolMachine(RuleBasedStateMachine):
         self.check_rows(slot, src, dst, batch_size, n, flushes.__getitem__)
         if data.draw(st.booleans()):
             self.check_forbidden_while_pending(data)
+        if self.cancelled(data):
+            return
         # The device: flush-before-verify, then the draft records after the committed ones.
         new_content, draft_tokens = {}, []
         for i in range(n):
@@ -257,10 +261,20 @@ class SlotPoolMachine(RuleBasedStateMachine):
             self.history[s] += tuple(kept)
             self.fill[s] += accepted[i]
 
-    @rule(method=st.sampled_from(["report_step", "commit"]))
+    def cancelled(self, data) -> bool:
+        """Now and then the cache refuses the built batch: ``cancel_batch`` drops it, its kernels never
+        ran, and the model does not change (the invariants then check that its fresh pages came back)."""
+        if data.draw(st.integers(0, 7)) != 0:
+            return False
+        call_both(self.pools, "cancel_batch")
+        assert "no batch is pending" in str(call_both(self.pools, "cancel_batch"))
+        return True
+
+    @rule(method=st.sampled_from(["report_step", "commit", "cancel_batch"]))
     def finish_without_batch(self, method):
         args = (np.zeros(0, np.int32),) if method == "commit" else ()
-        assert "no build_" in str(call_both(self.pools, method, *args))
+        message = str(call_both(self.pools, method, *args))
+        assert ("no batch is pending" if method == "cancel_batch" else "no build_") in message
 
     # -- invariants -------------------------------------------------------------------------------
     @invariant()

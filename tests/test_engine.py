@@ -4,10 +4,13 @@ alone with the float64 oracle, and the pool's host mirror must equal the device 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.errors import InputError
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
 from replayssm_dsl.runtime.bookkeeping import PySlotPool, SlotPool
@@ -24,7 +27,43 @@ def _cuda_cache():
 BACKENDS = [pytest.param("cpu", 1e-9, id="cpu"), pytest.param("cuda", 2e-4, id="cuda", marks=pytest.mark.gpu)]
 
 
-def run_engine(backend, tol, pool_cls, variant, seed, rounds, slots=8):
+def pool_view(engine) -> tuple:
+    """What the pool holds: live slots, their pages and fills, the free counts."""
+    pool = engine.pool
+    live = [int(s) for s in pool.live_slots()]
+    return (live, [pool.page_of(s) for s in live], [pool.fill_of(s) for s in live],
+            pool.free_slot_count(), pool.free_page_count())
+
+
+def refuse_one(engine, decl, shape, config, rng, live) -> str:
+    """A bad call of a random kind: the engine raises InputError naming it and the pool and the cache
+    are as they were, so the next good call is served (``run_engine`` checks its outputs)."""
+    before, fills = pool_view(engine), engine.cache.fills()
+    kind = str(rng.choice(["nan_state", "nan_token", "nan_draft", "short_tokens", "float_requests"]))
+    n = len(live)
+    toks = random_tokens(decl, shape, rng, (n,))
+    drafts_toks = random_tokens(decl, shape, rng, (n, config.max_drafts))
+    name = next(s.name for s in decl.inputs if s.kind == "token")
+    calls = {
+        "nan_state": (lambda: engine.add(np.full((shape.heads, shape.v_dim, shape.k_dim), np.nan)), "states"),
+        "nan_token": (lambda: engine.step(live, {**toks, name: np.full_like(toks[name], np.nan)},
+                                          batch_size=n + 1), f"tokens[{name!r}]"),
+        "nan_draft": (lambda: engine.verify(live, {**drafts_toks, name: drafts_toks[name] * np.inf}, [1] * n),
+                      f"tokens[{name!r}]"),
+        "short_tokens": (lambda: engine.step(live, {k: v[:n - 1] for k, v in toks.items()}, batch_size=n + 2),
+                         "expected shape"),
+        "float_requests": (lambda: engine.step(np.array(live, float), toks), "requests"),
+    }
+    call, fragment = calls[kind]
+    if n == 0 and kind != "nan_state" or kind == "nan_state" and engine.pool.free_slot_count() == 0:
+        return "skipped"
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        call()
+    assert pool_view(engine) == before and np.array_equal(engine.cache.fills(), fills), f"{kind} changed the pool"
+    return kind
+
+
+def run_engine(backend, tol, pool_cls, variant, seed, rounds, slots=8, refusals=False):
     decl, shape = variants.get(variant), ModelShape(4, 2, 24, 32)
     config = ReplayConfig(window=4, max_drafts=3)
     rng = np.random.default_rng(seed)
@@ -38,6 +77,8 @@ def run_engine(backend, tol, pool_cls, variant, seed, rounds, slots=8):
 
     for r in range(rounds):
         live = [int(s) for s in engine.pool.live_slots()]
+        if refusals and rng.integers(0, 3) == 0:
+            refuse_one(engine, decl, shape, config, rng, live)
         action = rng.choice(["add", "fork", "finish", "step", "step", "step", "verify"])
         if action == "add" and engine.pool.free_slot_count() > 0:
             state = random_state(shape, rng)
@@ -86,3 +127,11 @@ def test_engine_run_matches_each_request_decoded_alone(backend, tol, variant):
 @pytest.mark.parametrize("pool_cls", [SlotPool, PySlotPool], ids=["cython", "python"])
 def test_engine_runs_with_either_pool(pool_cls):
     run_engine("cpu", 1e-9, pool_cls, "gla", seed=3, rounds=120)
+
+
+@pytest.mark.parametrize("pool_cls", [SlotPool, PySlotPool], ids=["cython", "python"])
+def test_refused_calls_leave_the_engine_serving_every_request(pool_cls):
+    """Bad states, NaN tokens and drafts, tokens for fewer rows than requests, float requests: each is
+    refused by the cache or the engine before any kernel runs, the pool drops what it had built, and
+    every later output and final state still equals the oracle's."""
+    run_engine("cpu", 1e-9, pool_cls, "gdn", seed=11, rounds=120, refusals=True)
