@@ -197,18 +197,20 @@ def test_gpu_cuda_graph_replays_a_decode_step_like_eager():
     out = cp.full((5, 1, shape.heads, shape.v_dim), np.nan, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     graphed.stream = stream
+    cp.cuda.Device().synchronize()
     graphed.launch_step(batch, toks, out)  # compile and load outside the capture
     eager.step(slots, {k: v[:, 0] for k, v in toks.items()})
     with stream:
         stream.begin_capture()
         graphed.launch_step(batch, toks, out)
         graph = stream.end_capture()
+    cp.cuda.Device().synchronize()  # the loads ran on the null stream, which a non-blocking one does not wait for
     for i in range(13):
         new = random_tokens(decl, shape, rng, (5,))
-        for k, v in new.items():
-            toks[k][...] = cp.asarray(v[:, None].astype(np.float32))
-        out[...] = np.nan
-        stream.synchronize()
+        with stream:  # the refills on the graph's stream, so the replay cannot start before them
+            for k, v in new.items():
+                toks[k][...] = cp.asarray(v[:, None].astype(np.float32))
+            out[...] = np.nan
         graph.launch(stream)
         stream.synchronize()
         want = eager.step(slots, {k: v[:, 0] for k, v in toks.items()})
