@@ -34,8 +34,9 @@ def configs(draw) -> ReplayConfig:
 
 @st.composite
 def declarations(draw):
-    """A random member of the family: decay none/scalar/vector, plain or delta write, with or without
-    normalised keys, scaled queries, per-head or per-group keys, skip and gate epilogues."""
+    """A random member of the family: decay none/scalar/vector (unbounded, or bounded below like FLA's
+    safe gate), plain or delta write, with or without normalised keys, scaled queries, per-head or
+    per-group keys, skip and gate epilogues."""
     r = Recurrence("random")
     key_level = draw(st.sampled_from(("group", "head")))
     q = r.token("q", per=key_level, size="K")
@@ -47,11 +48,14 @@ def declarations(draw):
     decay = None
     if form != "none":
         gx = r.token("gx", size="K" if form == "vector" else None)
-        if draw(st.booleans()):
+        bound = draw(st.sampled_from(("unbounded", "logsigmoid", "bounded")))
+        if bound == "unbounded":
             A_log = r.param("A_log")
             decay = -ops.exp(A_log) * ops.softplus(gx)
-        else:
+        elif bound == "logsigmoid":
             decay = ops.logsigmoid(gx) / draw(st.sampled_from((1.0, 4.0, 16.0)))
+        else:  # FLA's safe-gate form, log-decay in [lower_bound, 0]: records of decay-scaled keys
+            decay = draw(st.sampled_from((-5.0, -1.0, -0.25))) * ops.sigmoid(gx)
     if draw(st.booleans()):
         write = delta(value=v, beta=ops.sigmoid(r.token("b")))
     elif draw(st.booleans()):

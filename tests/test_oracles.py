@@ -161,4 +161,5 @@ def test_snapshot_verify_matches_oracle(name, shape, seed, max_drafts, data):
         for k in range(d):
             _, want_s = HANDWRITTEN[name]({n: v[b, :k + 1] for n, v in tokens.items()}, params, shape, states[b])
             assert_close(snaps[b, k], want_s, TOL, f"{name} snapshot {k} row {b}")
+        assert np.isnan(out[b, d:]).all() and np.isnan(snaps[b, d:]).all(), f"row {b}: written past drafts[{b}] = {d}"
     assert np.array_equal(cache.buffers["state"], before), "snapshot_verify moved the baseline state"

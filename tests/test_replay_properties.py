@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replayssm_dsl import ReplayConfig, variants
+from replayssm_dsl.bfloat16 import round_to_bfloat16
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
 from strategies import configs, declarations, seeds, shapes
 from twin import ReplayTwin, assert_close
@@ -62,20 +63,23 @@ def _drive_to_fill(twin, slot, target):
     cfg = twin.config
     for _ in range(min(target, cfg.window - 1)):
         twin.step([slot])
-    while twin.cache.fills()[slot] < target:
+    for _ in range(cfg.capacity):  # each verify adds at least one token: a fill that stalls fails here
+        if twin.cache.fills()[slot] >= target:
+            break
         need = int(target - twin.cache.fills()[slot])
         t = min(need, cfg.max_drafts)
         toks = twin.verify([slot], [t])
         twin.commit([slot], toks, [t])
-    assert twin.cache.fills()[slot] == target
+    assert twin.cache.fills()[slot] == target, f"slot {slot}: fill {twin.cache.fills()[slot]}, wanted {target}"
 
 
 @PROPERTY
 @given(decl=decls, shape=shapes(), window=st.sampled_from((2, 3, 4, 16)), max_drafts=st.integers(1, 8),
-       seed=seeds, drafts=st.integers(1, 8), pad=st.booleans())
-def test_mixed_batch_equals_each_slot_alone(decl, shape, window, max_drafts, seed, drafts, pad):
+       seed=seeds, pad=st.booleans(), data=st.data())
+def test_mixed_batch_equals_each_slot_alone(decl, shape, window, max_drafts, seed, pad, data):
     """Slots at fills 0, 1, L−1, L and full capacity, decoded in one batch (with padded rows),
-    give each slot's own plain recurrence; then one batched verify does too."""
+    give each slot's own plain recurrence; then one batched verify, with drafts and accepted counts
+    of each row's own, does too."""
     config = ReplayConfig(window=window, max_drafts=max_drafts)
     fills = sorted({0, 1, window - 1, window, config.capacity})
     twin = ReplayTwin(CpuReplayCache, decl, shape, config, np.random.default_rng(seed), slots=len(fills) + 1)
@@ -85,9 +89,9 @@ def test_mixed_batch_equals_each_slot_alone(decl, shape, window, max_drafts, see
         _drive_to_fill(twin, slot, fill)
     before_null = twin.cache.checkpoint(len(fills)).copy()
     batch = slots[::-1] + ([-1] if pad else [])
-    d = [min(drafts, max_drafts)] * len(batch)
+    d = data.draw(st.lists(st.integers(1, max_drafts), min_size=len(batch), max_size=len(batch)), label="drafts")
     toks = twin.verify(batch, d)  # the slot at full capacity folds its buffer first
-    twin.commit(batch, toks, [x // 2 for x in d])
+    twin.commit(batch, toks, [data.draw(st.integers(0, x), label="accepted") for x in d])
     twin.check_materialize(slots)
     fills_now = twin.cache.fills()[batch[:len(fills)]]
     twin.step(batch)
@@ -146,3 +150,28 @@ def test_float32_executor_stays_close_to_float64(decl, shape, config, seed, step
     twin.load([0])
     for _ in range(steps):
         twin.step([0])
+
+
+HALF_TOLERANCE = {"float16": 5e-3, "bfloat16": 4e-2}
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(sorted(variants.BUILTINS)), shape=shapes(odd=False), window=st.sampled_from((1, 2, 4, 16)),
+       state_dtype=st.sampled_from(sorted(HALF_TOLERANCE)), seed=seeds, steps=st.integers(1, 48))
+def test_half_precision_checkpoints_stay_close_to_float64(name, shape, window, state_dtype, seed, steps):
+    """Checkpoints stored in float16 / bfloat16 (rounded on every flush) keep outputs and states
+    within the dtype's tolerance of the float64 oracle, and hold only values of that dtype. The
+    built-in variants, whose decay or delta rule keeps the state bounded (a random declaration with
+    neither grows its state past float16's range, which the dtype cannot hold)."""
+    decl = variants.get(name)
+    config = ReplayConfig(window=window, max_drafts=4, state_dtype=state_dtype)
+    twin = ReplayTwin(CpuReplayCache, decl, shape, config, np.random.default_rng(seed), slots=2,
+                      tol=HALF_TOLERANCE[state_dtype])
+    twin.load([1])
+    for _ in range(steps):
+        twin.step([1])
+    twin.check_materialize([1])
+    checkpoint = twin.cache.checkpoint(1)  # slot 1's page: no step names pages, so each slot keeps its own
+    stored = checkpoint.astype(np.float16) if state_dtype == "float16" else round_to_bfloat16(checkpoint)
+    assert np.array_equal(stored.astype(np.float64), checkpoint.astype(np.float64)), \
+        f"the checkpoint holds values that are not {state_dtype}"

@@ -2,7 +2,7 @@
 
 ``ReplayTwin`` keeps the oracle state of every slot, advances it only by accepted tokens, and
 checks each output the cache returns against the oracle (verify outputs against the oracle run
-from the committed state over the drafts). NaN never passes: ``assert_close`` requires finite values.
+from the committed state over the drafts; the positions past a row's drafts stay NaN). NaN never passes: ``assert_close`` requires finite values.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class ReplayTwin:
                 continue
             o, _ = self._oracle(s, {k: v[b, :drafts[b]] for k, v in toks.items()})
             self.max_err = max(self.max_err, assert_close(out[b, :drafts[b]], o, self.tol, f"verify slot {s}"))
+            assert np.isnan(to_host(out[b, drafts[b]:])).all(), f"verify slot {s}: written past drafts = {drafts[b]}"
         return toks
 
     def commit(self, slots, toks, accepted):
