@@ -39,11 +39,13 @@ def test_replay_steps_match_plain_recurrence_and_materialize(decl, shape, config
 
 
 @PROPERTY
-@given(decl=decls, shape=shapes(), config=configs(), seed=seeds, data=st.data())
-def test_verify_outputs_and_commit_equal_decoding_only_accepted(decl, shape, config, seed, data):
+@given(decl=decls, shape=shapes(), config=configs(), seed=seeds, paged=st.booleans(), data=st.data())
+def test_verify_outputs_and_commit_equal_decoding_only_accepted(decl, shape, config, seed, paged, data):
     """verify output j == output after committing drafts 1..j; commit(a) then steps == having
-    decoded only the accepted tokens (the oracle advances by accepted tokens only)."""
-    twin = ReplayTwin(CpuReplayCache, decl, shape, config, np.random.default_rng(seed), slots=3)
+    decoded only the accepted tokens (the oracle advances by accepted tokens only). ``paged``: 7
+    checkpoint pages for the 3 slots, each fold written to a free page, no slot on its own index."""
+    twin = ReplayTwin(CpuReplayCache, decl, shape, config, np.random.default_rng(seed), slots=3,
+                      pages=7 if paged else None)
     twin.load([0, 2])
     for _ in range(data.draw(st.integers(1, 6), label="rounds")):
         for _ in range(data.draw(st.integers(0, config.window + 1), label="plain steps")):

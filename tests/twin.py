@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from replayssm_dsl.lowering.buffer_rules import step_flushes, verify_flushes
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
 
@@ -44,20 +45,55 @@ def assert_buffers_kept(xp, cache, before: dict, what: str) -> None:
 
 
 class ReplayTwin:
-    def __init__(self, cache_cls, decl, shape, config, rng, slots: int = 4, tol: float = 1e-9, **kw):
-        """``cache_cls``: ``CpuReplayCache``, ``CudaReplayCache`` or any class with their API."""
+    def __init__(self, cache_cls, decl, shape, config, rng, slots: int = 4, tol: float = 1e-9,
+                 pages: int | None = None, **kw):
+        """``cache_cls``: ``CpuReplayCache``, ``CudaReplayCache`` or any class with their API.
+        ``pages``: checkpoint pages apart from the slots (more than ``slots``); the twin then names
+        every page, puts each load on a free page and moves every flushing row to a free page, as an
+        engine does for a shared checkpoint (``page_of``), so no slot's page equals its index."""
         self.decl, self.shape, self.config, self.rng, self.tol = decl, shape, config, rng, tol
         self.params = random_params(decl, shape, rng)
-        self.cache = cache_cls(decl, shape, config, slots=slots, params=self.params, **kw)
+        paged = {} if pages is None else {"pages": pages}
+        self.cache = cache_cls(decl, shape, config, slots=slots, params=self.params, **paged, **kw)
+        self.pages = pages
+        self.page_of = {}
         self.state = {}
         self.max_err = 0.0
+        self._pending_dst = None
 
     def tokens(self, lead):
         return random_tokens(self.decl, self.shape, self.rng, lead)
 
+    def _free_page(self, taken: set) -> int:
+        """The highest page no slot holds and this batch has not taken (high first: never the slot's own)."""
+        page = max(set(range(self.pages)) - set(self.page_of.values()) - taken)
+        taken.add(page)
+        return page
+
+    def _pages(self, slots, flushes):
+        """``src_pages`` and ``dst_pages`` keywords for a batch (none when not paged): a flushing row
+        writes its fold to a free page."""
+        if self.pages is None:
+            return {}
+        taken = set()
+        src = [self.page_of[s] if s >= 0 else -1 for s in slots]
+        dst = [self._free_page(taken) if s >= 0 and f else p for s, p, f in zip(slots, src, flushes)]
+        return {"src_pages": src, "dst_pages": dst}
+
+    def _move(self, slots, pages: dict) -> None:
+        for s, p in zip(slots, pages.get("dst_pages", ())):
+            if s >= 0:
+                self.page_of[s] = p
+
     def load(self, slots):
         states = random_state(self.shape, self.rng, (len(slots),))
-        self.cache.load(slots, states)
+        if self.pages is None:
+            self.cache.load(slots, states)
+        else:
+            taken = set()
+            dst = [self._free_page(taken) for _ in slots]
+            self.cache.load(slots, states, dst_pages=dst)
+            self.page_of.update(zip(slots, dst))
         for s, st in zip(slots, states):
             self.state[s] = st
 
@@ -67,7 +103,11 @@ class ReplayTwin:
     def step(self, slots, toks=None):
         """One decode step for ``slots`` (``-1`` entries are padding); checks every live row."""
         toks = toks if toks is not None else self.tokens((len(slots),))
-        out = self.cache.step(slots, toks, out=self.cache.poisoned((len(slots), 1, self.shape.heads, self.shape.v_dim)))
+        fills = self.cache.fills()
+        pages = self._pages(slots, [s >= 0 and step_flushes(int(fills[s]), self.config.window) for s in slots])
+        out = self.cache.step(slots, toks, out=self.cache.poisoned((len(slots), 1, self.shape.heads, self.shape.v_dim)),
+                              **pages)
+        self._move(slots, pages)
         for b, s in enumerate(slots):
             if s < 0:
                 continue
@@ -78,8 +118,12 @@ class ReplayTwin:
     def verify(self, slots, drafts):
         t = int(max(drafts))
         toks = self.tokens((len(slots), t))
+        fills, cfg = self.cache.fills(), self.config
+        pages = self._pages(slots, [s >= 0 and verify_flushes(int(fills[s]), int(d), cfg.window, cfg.max_drafts)
+                                    for s, d in zip(slots, drafts)])
         out = self.cache.verify(slots, toks, drafts,
-                                out=self.cache.poisoned((len(slots), t, self.shape.heads, self.shape.v_dim)))
+                                out=self.cache.poisoned((len(slots), t, self.shape.heads, self.shape.v_dim)), **pages)
+        self._pending_dst = pages  # the flushing rows move to their dst pages at commit
         for b, s in enumerate(slots):
             if s < 0:
                 continue
@@ -90,12 +134,15 @@ class ReplayTwin:
 
     def commit(self, slots, toks, accepted):
         self.cache.commit(accepted)
+        self._move(slots, self._pending_dst or {})
+        self._pending_dst = None
         for b, s in enumerate(slots):
             if s >= 0 and accepted[b]:
                 _, self.state[s] = self._oracle(s, {k: v[b, :accepted[b]] for k, v in toks.items()})
 
     def check_materialize(self, slots):
+        pages = {} if self.pages is None else {"src_pages": [self.page_of[s] for s in slots]}
         got = self.cache.materialize(slots, out=self.cache.poisoned(
-            (len(slots), self.shape.heads, self.shape.v_dim, self.shape.k_dim)))
+            (len(slots), self.shape.heads, self.shape.v_dim, self.shape.k_dim)), **pages)
         for b, s in enumerate(slots):
             self.max_err = max(self.max_err, assert_close(got[b], self.state[s], self.tol, f"materialize slot {s}"))
