@@ -91,19 +91,22 @@ def check_page_writes(slots: np.ndarray, src: np.ndarray, dst: np.ndarray, every
     page (``dst != src``, copy-on-write) is known here to write; keeping a shared page from being
     written in place is the slot pool's rule (it gives such a row a fresh page)."""
     live = np.flatnonzero(slots >= 0)
-    writers = [int(i) for i in (live if every_row_writes else live[dst[live] != src[live]])]
-    writer_of = {}
-    for i in writers:
-        page = int(dst[i])
-        if page in writer_of:
-            raise InputError(f"dst_pages[{i}] = {page} is also dst_pages[{writer_of[page]}]: two rows "
-                             "would write one checkpoint page")
-        writer_of[page] = i
-    for j in live:
-        i = writer_of.get(int(src[j]))
-        if i is not None and i != j:
-            raise InputError(f"dst_pages[{i}] = {dst[i]} is src_pages[{j}]: row {i} would overwrite the "
-                             f"checkpoint that row {j} reads")
+    writers = live if every_row_writes else live[dst[live] != src[live]]
+    if writers.size == 0:
+        return
+    pages, first, inverse = np.unique(dst[writers], return_index=True, return_inverse=True)
+    again = np.flatnonzero(first[inverse] != np.arange(writers.size))  # a writer whose page an earlier one writes
+    if again.size:
+        i, earlier = writers[again[0]], writers[first[inverse[again[0]]]]
+        raise InputError(f"dst_pages[{i}] = {dst[i]} is also dst_pages[{earlier}]: two rows "
+                         "would write one checkpoint page")
+    at = np.minimum(np.searchsorted(pages, src[live]), pages.size - 1)
+    writer = np.where(pages[at] == src[live], writers[first[at]], live)  # each live row's src page's writer
+    clash = np.flatnonzero(writer != live)
+    if clash.size:
+        i, j = writer[clash[0]], live[clash[0]]
+        raise InputError(f"dst_pages[{i}] = {dst[i]} is src_pages[{j}]: row {i} would overwrite the "
+                         f"checkpoint that row {j} reads")
 
 
 def check_drafts(drafts, slots: np.ndarray, max_drafts: int, capacity: int) -> np.ndarray:
