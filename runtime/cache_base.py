@@ -12,7 +12,6 @@ argument first (nothing is launched for a bad call) and sequences the kernels of
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,17 +23,14 @@ from replayssm_dsl.errors import ConfigError, InputError
 
 from replayssm_dsl.lowering.lower import lower
 
-from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_accepted, check_array, check_drafts,
+from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, as_index, check_accepted, check_array, check_drafts,
                          check_page_writes, check_pages, check_slot_index, check_slots, dtype_name,
                          is_device_array)
 
 
 def _count(value, name: str, at_least: int) -> int:
     """A count given to the constructor (``slots``, ``pages``): any int (NumPy's too), not a bool."""
-    try:
-        count = None if isinstance(value, (bool, np.bool_)) else operator.index(value)
-    except TypeError:
-        count = None
+    count = as_index(value)
     if count is None or count < at_least:
         bound = "a positive int" if at_least == 1 else f"an int >= slots={at_least}"
         raise ConfigError(f"{name}: must be {bound}, got {value!r}")

@@ -43,14 +43,22 @@ def host_int_array(value, name: str) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def as_index(value) -> int | None:
+    """``value`` as a Python int if it is an integer (NumPy's too) and not a bool, else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_slot_index(value, num_slots: int, name: str) -> int:
     """One live slot given alone (``copy_records``' parent and child): an int in ``[0, num_slots)``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name}: expected a slot index (int), got {value!r}")
-    try:
-        slot = operator.index(value)
-    except TypeError:
-        raise InputError(f"{name}: expected a slot index (int), got {type(value).__name__}") from None
+    slot = as_index(value)
+    if slot is None:
+        got = repr(value) if isinstance(value, (bool, np.bool_)) else type(value).__name__
+        raise InputError(f"{name}: expected a slot index (int), got {got}")
     if not 0 <= slot < num_slots:
         raise InputError(f"{name} = {slot} is out of range [0, {num_slots})")
     return slot
