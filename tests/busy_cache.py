@@ -80,7 +80,7 @@ def refused(cache, exc, *fragments, exact: bool = False):
     assert cache._last_verify is pending, "a refused call changed the pending verify"
 
 
-def _ops(busy, slots, **kw):
+def slot_ops(busy, slots, **kw):
     """Every slot-taking operation, called on ``slots`` with well-formed everything else."""
     c, rows = busy.cache, len(slots)
     states = random_state(SHAPE, busy.rng, (rows,))

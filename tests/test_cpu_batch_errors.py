@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from busy_cache import CONFIG, PAGES, SHAPE, SLOTS, Busy, _ops, refused
+from busy_cache import CONFIG, PAGES, SHAPE, SLOTS, Busy, slot_ops, refused
 from replayssm_dsl import variants
 from replayssm_dsl.errors import ConfigError, InputError
 from replayssm_dsl.random_inputs import random_params, random_state
@@ -31,13 +31,13 @@ def busy():
 @pytest.mark.parametrize("page", [PAGES, -1, 1000])
 def test_src_pages_out_of_range(busy, op, page):
     with refused(busy.cache, InputError, f"src_pages[1] = {page} is out of range [0, {PAGES})"):
-        _ops(busy, [0, 1], src_pages=[4, page])[op]()
+        slot_ops(busy, [0, 1], src_pages=[4, page])[op]()
 
 
 @pytest.mark.parametrize("op", ["step", "verify", "flush", "load"])
 def test_dst_pages_out_of_range(busy, op):
     with refused(busy.cache, InputError, f"dst_pages[0] = {PAGES} is out of range [0, {PAGES})"):
-        _ops(busy, [2, 3], src_pages=[2, 3], dst_pages=[PAGES, 5])[op]()
+        slot_ops(busy, [2, 3], src_pages=[2, 3], dst_pages=[PAGES, 5])[op]()
 
 
 def test_pages_of_wrong_length(busy):
@@ -73,18 +73,18 @@ def test_out_of_wrong_shape(busy, op):
 def test_two_rows_moving_to_one_page(busy, op):
     """Two copy-on-write rows given one fresh page: the second would overwrite the first's fold."""
     with refused(busy.cache, InputError, "dst_pages[1] = 4 is also dst_pages[0]", "two rows would write"):
-        _ops(busy, [0, 1], src_pages=[0, 1], dst_pages=[4, 4])[op]()
+        slot_ops(busy, [0, 1], src_pages=[0, 1], dst_pages=[4, 4])[op]()
 
 
 @pytest.mark.parametrize("op", ["step", "verify", "flush"])
 def test_a_row_moving_onto_the_page_another_row_reads(busy, op):
     with refused(busy.cache, InputError, "dst_pages[0] = 1 is src_pages[1]", "row 0 would overwrite"):
-        _ops(busy, [0, 1], src_pages=[0, 1], dst_pages=[1, 5])[op]()
+        slot_ops(busy, [0, 1], src_pages=[0, 1], dst_pages=[1, 5])[op]()
 
 
 def test_loads_into_one_page(busy):
     with refused(busy.cache, InputError, "dst_pages[1] = 5 is also dst_pages[0]"):
-        _ops(busy, [0, 1], dst_pages=[5, 5])["load"]()
+        slot_ops(busy, [0, 1], dst_pages=[5, 5])["load"]()
 
 
 def test_flushes_in_place_of_two_rows_sharing_a_page(busy):
@@ -240,7 +240,7 @@ def test_a_token_that_is_not_an_array(busy):
 def test_baselines_name_themselves_while_a_verify_is_pending(busy, op):
     busy.cache.verify([0], busy.tokens(1, 2), [2])
     with refused(busy.cache, InputError, f"{op}: the last verify is not committed yet"):
-        _ops(busy, [1])[op]()
+        slot_ops(busy, [1])[op]()
 
 
 def test_numpy_counts_are_taken_and_bools_are_not():

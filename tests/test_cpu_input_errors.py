@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from busy_cache import CONFIG, OPS, SHAPE, SLOTS, Busy, _ops, assert_same, refused
+from busy_cache import CONFIG, OPS, SHAPE, SLOTS, Busy, slot_ops, assert_same, refused
 from replayssm_dsl import variants
 from replayssm_dsl.errors import CapacityError, ConfigError, InputError
 from replayssm_dsl.random_inputs import random_params, random_state
@@ -162,7 +162,7 @@ def test_param_sign_violated():
 @pytest.mark.parametrize("slots,index,value", [([0, SLOTS], 1, SLOTS), ([99], 0, 99), ([1, -2], 1, -2)])
 def test_slot_out_of_range(busy, op, slots, index, value):
     with refused(busy.cache, InputError, f"slots[{index}] = {value} is out of range [0, {SLOTS})"):
-        _ops(busy, slots)[op]()
+        slot_ops(busy, slots)[op]()
     busy.step([0, 1, 2, 3])
     busy.check_all()
 
@@ -170,9 +170,9 @@ def test_slot_out_of_range(busy, op, slots, index, value):
 @pytest.mark.parametrize("op", OPS)
 def test_duplicate_slot_in_one_batch(busy, op):
     with refused(busy.cache, InputError, "slot 2 appears twice in one batch"):
-        _ops(busy, [2, 0, 2])[op]()
+        slot_ops(busy, [2, 0, 2])[op]()
     with refused(busy.cache, InputError, "slot 1 appears twice"):
-        _ops(busy, [-1, 1, -1, 1])[op]()
+        slot_ops(busy, [-1, 1, -1, 1])[op]()
 
 
 @pytest.mark.parametrize("slots,fragment", [([], "empty batch"), ([[0, 1]], "1-D array"),

@@ -55,7 +55,7 @@ def refuse_one(engine, decl, shape, config, rng, live) -> str:
         "float_requests": (lambda: engine.step(np.array(live, float), toks), "requests"),
     }
     call, fragment = calls[kind]
-    if n == 0 and kind != "nan_state" or kind == "nan_state" and engine.pool.free_slot_count() == 0:
+    if (n == 0 and kind != "nan_state") or (kind == "nan_state" and engine.pool.free_slot_count() == 0):
         return "skipped"
     with pytest.raises(InputError, match=re.escape(fragment)):
         call()

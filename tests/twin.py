@@ -2,7 +2,8 @@
 
 ``ReplayTwin`` keeps the oracle state of every slot, advances it only by accepted tokens, and
 checks each output the cache returns against the oracle (verify outputs against the oracle run
-from the committed state over the drafts; the positions past a row's drafts stay NaN). NaN never passes: ``assert_close`` requires finite values.
+from the committed state over the drafts; the positions past a row's drafts stay NaN). NaN never
+passes: ``assert_close`` requires finite values.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class ReplayTwin:
         """``cache_cls``: ``CpuReplayCache``, ``CudaReplayCache`` or any class with their API.
         ``pages``: checkpoint pages apart from the slots (more than ``slots``); the twin then names
         every page, puts each load on a free page and moves every flushing row to a free page, as an
-        engine does for a shared checkpoint (``page_of``), so no slot's page equals its index."""
+        engine does for a shared checkpoint (``page_of``), highest pages first, so that a slot's page
+        and its index part ways."""
         self.decl, self.shape, self.config, self.rng, self.tol = decl, shape, config, rng, tol
         self.params = random_params(decl, shape, rng)
         paged = {} if pages is None else {"pages": pages}
@@ -59,7 +61,7 @@ class ReplayTwin:
         self.page_of = {}
         self.state = {}
         self.max_err = 0.0
-        self._pending_dst = None
+        self._verify_pages = None
 
     def tokens(self, lead):
         return random_tokens(self.decl, self.shape, self.rng, lead)
@@ -123,7 +125,7 @@ class ReplayTwin:
                                     for s, d in zip(slots, drafts)])
         out = self.cache.verify(slots, toks, drafts,
                                 out=self.cache.poisoned((len(slots), t, self.shape.heads, self.shape.v_dim)), **pages)
-        self._pending_dst = pages  # the flushing rows move to their dst pages at commit
+        self._verify_pages = pages  # the flushing rows move to their dst pages at commit
         for b, s in enumerate(slots):
             if s < 0:
                 continue
@@ -134,8 +136,8 @@ class ReplayTwin:
 
     def commit(self, slots, toks, accepted):
         self.cache.commit(accepted)
-        self._move(slots, self._pending_dst or {})
-        self._pending_dst = None
+        self._move(slots, self._verify_pages or {})
+        self._verify_pages = None
         for b, s in enumerate(slots):
             if s >= 0 and accepted[b]:
                 _, self.state[s] = self._oracle(s, {k: v[b, :accepted[b]] for k, v in toks.items()})
