@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", default=",".join(DESIGN_PRESETS),
                    help=f"comma-separated (default: docs/design.md's five; all: {','.join(PRESETS)})")
     p.add_argument("--kernels", default=",".join(BENCH_KERNELS),
-                   help="what to time, comma-separated (default: all); a subset tunes only the launch groups it needs")
+                   help="what to time, comma-separated, of " + ", ".join(BENCH_KERNELS)
+                   + " (default: all); a subset tunes only the launch groups it needs")
     with_input_dtypes(p, "how the token inputs arrive (bfloat16: every token input, and FLA's q, k, v)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("compare", help="new / old time per kernel between two bench results.json files (no GPU)")
