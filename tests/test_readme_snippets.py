@@ -20,27 +20,28 @@ def readme_snippets() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", README.read_text(), re.MULTILINE | re.DOTALL)
 
 
-def run_snippets(tmp_path, monkeypatch, on_cpu: bool) -> dict:
-    """Every snippet in one namespace, in ``tmp_path`` (``write_standalone`` writes ``out/`` there)."""
+def run_snippets(workdir: Path, monkeypatch, on_cpu: bool) -> dict:
+    """Every snippet in one namespace, in ``workdir`` (``write_standalone`` writes ``out/`` there)."""
     snippets = readme_snippets()
     running = [s for s in snippets if CUDA_IMPORT in s]
     assert len(snippets) >= 3 and len(running) == 1, "the README's snippets moved: update this test"
-    monkeypatch.chdir(tmp_path)
+    workdir.mkdir(exist_ok=True)
+    monkeypatch.chdir(workdir)
     namespace: dict = {}
     for snippet in snippets:
         if snippet is running[0] and on_cpu:
             assert SOURCE_LINE.search(snippet), "the running snippet no longer prints cache.source"
             snippet = SOURCE_LINE.sub("", snippet.replace(CUDA_IMPORT, CPU_IMPORT))
-        exec(compile(snippet, str(README), "exec"), namespace)
+        exec(compile(snippet, str(README), "exec"), namespace)  # noqa: S102 (the README's own code)
     return namespace
 
 
 def check_results(ns: dict) -> None:
     """The shapes the snippet's comments give; every live row's drafts and state finite; the files."""
-    slots, drafts = np.asarray(ns["slots"]), np.asarray(ns["drafts"])
+    slots, drafts, shape = np.asarray(ns["slots"]), np.asarray(ns["drafts"]), ns["shape"]
     out, state = to_host(ns["out"]), to_host(ns["S"])
-    assert out.shape == (len(slots), ns["T"], 32, 128)
-    assert state.shape == (len(slots), 32, 128, 128)
+    assert out.shape == (len(slots), ns["T"], shape.heads, shape.v_dim)
+    assert state.shape == (len(slots), shape.heads, shape.v_dim, shape.k_dim)
     for b in np.flatnonzero(slots >= 0):
         assert np.isfinite(out[b, : drafts[b]]).all() and np.isfinite(state[b]).all(), f"row {b}"
     assert any(Path("out").glob("*.cu")) and Path("out", "manifest.json").is_file()
@@ -54,12 +55,12 @@ def test_readme_snippets_run_on_cpu(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.gpu
 def test_readme_snippets_run_on_gpu_as_written(tmp_path, monkeypatch):
-    (tmp_path / "cpu").mkdir(), (tmp_path / "gpu").mkdir()
     cpu = run_snippets(tmp_path / "cpu", monkeypatch, on_cpu=True)
     gpu = run_snippets(tmp_path / "gpu", monkeypatch, on_cpu=False)
     check_results(gpu)
     assert "__global__" in gpu["cache"].source
     slots, drafts = np.asarray(gpu["slots"]), np.asarray(gpu["drafts"])
+    (gpu_out, gpu_state), (cpu_out, cpu_state) = ((to_host(ns["out"]), to_host(ns["S"])) for ns in (gpu, cpu))
     for b in np.flatnonzero(slots >= 0):
-        assert_close(to_host(gpu["out"])[b, : drafts[b]], to_host(cpu["out"])[b, : drafts[b]], FP32_TOL, f"verify row {b}")
-        assert_close(to_host(gpu["S"])[b], to_host(cpu["S"])[b], FP32_TOL, f"materialized row {b}")
+        assert_close(gpu_out[b, : drafts[b]], cpu_out[b, : drafts[b]], FP32_TOL, f"verify row {b}")
+        assert_close(gpu_state[b], cpu_state[b], FP32_TOL, f"materialized row {b}")
