@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from replayssm_dsl import ReplayConfig, variants
 from replayssm_dsl.bfloat16 import round_to_bfloat16
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+from replayssm_dsl.runtime.selfcheck import STATE_DTYPE_TOLERANCE
 from strategies import configs, declarations, seeds, shapes
 from twin import ReplayTwin, assert_close
 
@@ -154,7 +155,7 @@ def test_float32_executor_stays_close_to_float64(decl, shape, config, seed, step
         twin.step([0])
 
 
-HALF_TOLERANCE = {"float16": 5e-3, "bfloat16": 4e-2}
+HALF_TOLERANCE = {dtype: tol for dtype, tol in STATE_DTYPE_TOLERANCE.items() if dtype != "float32"}
 
 
 @settings(max_examples=15, deadline=None)
