@@ -27,13 +27,17 @@ from .benchmark import KERNELS as BENCH_KERNELS  # (no CuPy at import: the bench
 
 
 def shape_argument(text: str) -> ModelShape:
-    """``--shape HV,H,V,K``: four positive whole numbers (argparse reports anything else as a usage error)."""
-    parts = text.split(",")
-    if len(parts) != 4 or not all(part.strip().isdigit() and int(part) > 0 for part in parts):
-        raise argparse.ArgumentTypeError(f"expected HV,H,V,K: four positive whole numbers, got {text!r}")
+    """``--shape HV,H,V,K``: four whole numbers, which ``ModelShape`` checks (argparse reports what
+    either refuses as a usage error naming the option)."""
     try:
-        return ModelShape(*(int(part) for part in parts))
-    except ReplaySSMError as exc:  # e.g. HV not a multiple of H
+        dims = [int(part) for part in text.split(",")]
+    except ValueError:
+        dims = []
+    if len(dims) != 4:
+        raise argparse.ArgumentTypeError(f"expected HV,H,V,K: four whole numbers, got {text!r}")
+    try:
+        return ModelShape(*dims)
+    except ReplaySSMError as exc:  # a dimension not positive, HV not a multiple of H
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

@@ -41,9 +41,9 @@ def test_check_drafts_no_more_than_the_configuration_allows(max_drafts, capsys):
 
 
 @pytest.mark.parametrize("shape,message", [
-    ("4,2,64", "four positive whole numbers"),
-    ("4,2,64,x", "four positive whole numbers"),
-    ("4,0,64,64", "four positive whole numbers"),
+    ("4,2,64", "four whole numbers"),
+    ("4,2,64,x", "four whole numbers"),
+    ("4,0,64,64", "key_heads: must be a positive int, got 0"),
     ("3,2,64,64", "does not divide"),
 ])
 def test_a_bad_shape_is_a_usage_error_naming_the_option(shape, message, capsys):
