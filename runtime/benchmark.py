@@ -275,7 +275,7 @@ def bench_one(cp, preset_name: str, batch: int, reps: int, kernels=KERNELS,  # n
     cache = CudaReplayCache(decl, shape, config, slots=batch, params=params)
     HV, V, K = shape.heads, shape.v_dim, shape.k_dim
     cache.buffers["checkpoint"][...] = cp.asarray(rng.standard_normal((1, HV, V, K), np.float32) * 0.1)
-    cache.buffers["state"][...] = cache.buffers["checkpoint"]
+    cache.baseline_state()[...] = cache.buffers["checkpoint"]
     cache.buffers["rec_write"][...] = 0.01
     key = 0.05 * math.exp(key_shift(decl, config) or 0.0)  # decay-scaled keys e^{C - G} k: k = 0.05 at G = 0
     cache.buffers["rec_key"][...] = key if cache.buffers["rec_key"].dtype == cp.float32 else int(bfloat16_bits([0.05])[0])

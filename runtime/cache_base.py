@@ -3,7 +3,7 @@
 A cache owns, for ``slots`` sequences, the checkpoint pages ``[pages, HV, V, K]``, the record buffers
 and the per-slot fills, and offers ``step``, ``verify``, ``commit``, ``flush``, ``load`` and
 ``materialize`` (plus the baselines ``conventional_step`` and ``snapshot_verify`` on a separate
-``state`` array). Batches are vLLM-style: ``slots[b]`` per batch row, ``-1`` for a padded row, and
+``state`` array, allocated on the baselines' first use: a cache that only replays never holds it). Batches are vLLM-style: ``slots[b]`` per batch row, ``-1`` for a padded row, and
 optional ``src_pages`` / ``dst_pages`` (default: page = slot) for copy-on-write checkpoints.
 
 Subclasses provide storage and ``_launch(kernel_name, rows, batch)``; this class validates every
@@ -25,7 +25,11 @@ from replayssm_dsl.lowering.lower import lower
 
 from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, as_index, check_accepted, check_array, check_drafts,
                          check_page_writes, check_pages, check_slot_index, check_slots, dtype_name,
-                         is_device_array)
+                         is_device_array, readable_host_array)
+
+
+BASELINE_BUFFERS = ("state",)  # read and written by the baselines' kernels alone
+BASELINE_KERNELS = ("conventional_step", "snapshot_verify")
 
 
 def _count(value, name: str, at_least: int) -> int:
@@ -40,6 +44,8 @@ def _count(value, name: str, at_least: int) -> int:
 class ReplayCacheBase:
     """Values (finite, declared signs) are checked for host arrays; device arrays are checked for
     shape, dtype and layout only, so the decode loop never waits on the GPU."""
+
+    array_device: str | None = None  # where tokens and states must live ("cpu"), or None: host or GPU
 
     def __init__(self, decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None, *,
                  slots: int, params: dict, pages: int | None = None):
@@ -87,7 +93,8 @@ class ReplayCacheBase:
                                      "use real numbers (float or int)")
                 value = value.astype(np.float64)
             shape = self._dims(self.program.buffer(spec.name).dims)
-            out[spec.name] = check_array(value, f"params[{spec.name!r}]", shape, sign=spec.sign)
+            out[spec.name] = check_array(value, f"params[{spec.name!r}]", shape, sign=spec.sign,
+                                         device=self.array_device)
         return out
 
     def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
@@ -104,14 +111,13 @@ class ReplayCacheBase:
             if spec.dtype == "bfloat16":
                 dtypes = FLOAT_DTYPES + BF16_BITS_DTYPES
                 if not is_device_array(value):  # a host array of any kind (a CPU torch tensor: NumPy holds no bf16)
-                    torch_bf16 = dtype_name(value) == "bfloat16" and hasattr(value, "float")
-                    value = np.asarray(value.float() if torch_bf16 else value)
+                    value = readable_host_array(value, f"tokens[{spec.name!r}]")
                 if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
                     bits = (np.ascontiguousarray(value).view(np.uint16) if dtype_name(value) in BF16_BITS_DTYPES
                             else bfloat16_bits(value))
                     value = from_bfloat16_bits(bits)
             value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
-                                check_values=True)
+                                check_values=True, device=self.array_device)
             if bits is not None:
                 value = self._host_bfloat16(bits, value)
             out[spec.name] = value if t is not None else value[:, None]
@@ -196,7 +202,7 @@ class ReplayCacheBase:
         batch = self._batch(slots, None, dst_pages, "load", every_row_writes=True)
         rows = batch["slot"].shape[0]
         shape = (rows, self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        states = check_array(states, "states", shape, finite_as=self.config.state_dtype)
+        states = check_array(states, "states", shape, finite_as=self.config.state_dtype, device=self.array_device)
         self._launch("load", rows, batch, initial=states)
         self._launch("reset_fill", rows, batch)
 
@@ -217,11 +223,21 @@ class ReplayCacheBase:
                 self.buffers[buf.name][child] = self.buffers[buf.name][parent]
 
     # --- baselines ---------------------------------------------------------------------------------
+    def baseline_state(self):
+        """The baselines' state ``[pages, HV, V, K]`` (``conventional_step``, ``snapshot_verify``), zeros
+        when first asked for: a cache that only replays never allocates it (as much memory as the
+        checkpoint pages). Every baseline launch asks for it first (before any graph capture too, as
+        ``capture_graphs`` launches once eagerly)."""
+        if "state" not in self.buffers:
+            buf = self.program.buffer("state")
+            self.buffers["state"] = self._zeros(self._dims(buf.dims), buf.dtype)
+        return self.buffers["state"]
+
     def load_conventional(self, slots, states):
         """Baseline state ← ``states``, for ``conventional_step`` and ``snapshot_verify``."""
         batch = self._batch(slots, operation="load_conventional", every_row_writes=True)
         shape = (batch["slot"].shape[0], self.shape.heads, self.shape.v_dim, self.shape.k_dim)
-        check_array(states, "states", shape, finite_as=self.config.state_dtype)
+        check_array(states, "states", shape, finite_as=self.config.state_dtype, device=self.array_device)
         self._store_conventional(batch, states)
 
     def conventional_step(self, slots, tokens: dict, *, out=None):
@@ -279,6 +295,17 @@ class ReplayCacheBase:
 
     def _output(self, out, shape, name, dtype="float32"):
         raise NotImplementedError
+
+    def _zeros(self, shape: tuple, dtype: str):
+        """A zeroed buffer of this backend in the storage of ``dtype`` (a lowered buffer's dtype name)."""
+        raise NotImplementedError
+
+    def _allocate_buffers(self) -> None:
+        """The cache's own buffers (checkpoint pages, records, fills; not the baselines' ``state``,
+        which ``baseline_state`` allocates when first used)."""
+        self.buffers = {buf.name: self._zeros(self._dims(buf.dims), buf.dtype) for buf in self.program.buffers
+                        if buf.role in ("state", "record", "meta") and "B" not in buf.dims
+                        and buf.name not in BASELINE_BUFFERS}
 
     def _launch(self, kernel: str, rows: int, batch: dict, tokens: dict | None = None, *,
                 t_tok: int | None = None, **arrays):

@@ -2,9 +2,9 @@
 
 Same API as ``CpuReplayCache`` (``cache_base.py``). Tokens and states may be CuPy arrays or torch
 tensors on the GPU (shared without copies through ``__cuda_array_interface__``), float32 (token
-inputs declared bf16: bf16 or its raw bits, see ``_device_token``) and C-contiguous; host (NumPy)
-arrays are copied over. Slot and page arrays are checked on the host,
-then copied to the device. For CUDA-graph capture, ``launch_step``/``launch_verify``/``launch_commit``
+inputs declared bf16: bf16 or its raw bits, see ``_device_token``) and C-contiguous; host arrays
+(NumPy, CPU torch tensors) are copied over, but an ``out=`` must be a device array. Slot and page
+arrays are checked on the host, then copied to the device. For CUDA-graph capture, ``launch_step``/``launch_verify``/``launch_commit``
 take device-resident int32 batch arrays and do no host work at all.
 """
 
@@ -20,10 +20,11 @@ from replayssm_dsl.lowering.render_cuda import render_program
 
 from replayssm_dsl.bfloat16 import bfloat16_bits
 
-from .cache_base import ReplayCacheBase
+from .cache_base import BASELINE_KERNELS, ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
 from .cuda_module import CompiledProgram, require_gpu
-from .validation import BF16_BITS_DTYPES, FLOAT_DTYPES, check_aligned, dtype_name
+from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_aligned, dtype_name, is_device_array,
+                         readable_host_array)
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # bf16 kept as raw bits
 
@@ -46,11 +47,7 @@ class CudaReplayCache(ReplayCacheBase):
         self._tuned: dict[tuple[int, str], LaunchConfig | None] = {}
         self._fitting: dict[tuple[int, str], LaunchConfig] = {}
         self.compiled = self.module_for("replay", 1)
-        self.buffers = {}
-        for buf in self.program.buffers:
-            if buf.role in ("state", "record", "meta") and "B" not in buf.dims:
-                dtype = np.int32 if buf.dtype == "int32" else STORAGE[buf.dtype]
-                self.buffers[buf.name] = cp.zeros(self._dims(buf.dims), dtype)
+        self._allocate_buffers()
         for name, value in self.params.items():
             self.buffers[name] = cp.ascontiguousarray(cp.asarray(value, dtype=cp.float32))
         self._dummy = {"float": cp.zeros(4, cp.float32), "int": cp.zeros(4, cp.int32),
@@ -121,11 +118,17 @@ class CudaReplayCache(ReplayCacheBase):
         one batch row (each group launches from a module of its own kernels: ``module_for``)."""
         return render_program(self.program, self.compiled.launch)
 
+    def _zeros(self, shape, dtype):
+        return self.cp.zeros(shape, np.int32 if dtype == "int32" else STORAGE[dtype])
+
     def _device(self, array, name: str = "array", dtype=np.float32):
-        """A CuPy view of a device array (no copy), or a device copy of a host array in ``dtype``."""
+        """A CuPy view of a device array (no copy), or a device copy of a host array (NumPy, a CPU torch
+        tensor) in ``dtype``."""
         cp = self.cp
         if isinstance(array, np.ndarray):
             return cp.asarray(array, dtype=dtype)
+        if hasattr(array, "shape") and not is_device_array(array):
+            return cp.asarray(readable_host_array(array, name), dtype=dtype)
         if isinstance(array, cp.ndarray) or hasattr(array, "__cuda_array_interface__"):
             dev = cp.asarray(array)
         elif hasattr(array, "__dlpack__"):
@@ -189,6 +192,9 @@ class CudaReplayCache(ReplayCacheBase):
         cp = self.cp
         if out is None:
             return cp.empty(shape, STORAGE[dtype])
+        if not is_device_array(out):  # a device copy of it would take the outputs, and ``out`` would keep none
+            raise InputError(f"{name}: must be a device array (CuPy or a torch CUDA tensor) for the CUDA backend, "
+                             f"got {type(out).__name__} on the host")
         dev = self._device(out, name, STORAGE[dtype])
         if tuple(dev.shape) != tuple(shape):
             raise InputError(f"{name}: expected shape {list(shape)}, got {list(dev.shape)}")
@@ -205,6 +211,8 @@ class CudaReplayCache(ReplayCacheBase):
     def _launch(self, kernel, rows, batch, tokens=None, *, t_tok=None, **arrays):
         """``tokens`` come as the kernels read them (``_check_tokens`` or ``_launch_tokens_as_read`` made
         them so): each is passed once through ``_device_token``, not again here."""
+        if kernel in BASELINE_KERNELS:
+            self.baseline_state()
         dev = batch if isinstance(next(iter(batch.values())), self.cp.ndarray) else self._device_batch(batch)
         toks = tokens or {}
         t_tok = self._launch_tokens(toks, t_tok)
@@ -246,7 +254,7 @@ class CudaReplayCache(ReplayCacheBase):
         states = self._device(states, "states")
         live = np.flatnonzero(batch["slot"] >= 0)
         pages = self.cp.asarray(batch["src_page"][live])
-        self.buffers["state"][pages] = self._to_storage(states[self.cp.asarray(live)])
+        self.baseline_state()[pages] = self._to_storage(states[self.cp.asarray(live)])
 
     def fills(self) -> np.ndarray:
         return self.cp.asnumpy(self.buffers["fill"])

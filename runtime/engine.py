@@ -9,6 +9,7 @@ follow, so the scheduler never reads the device. A decode loop is::
     out = engine.step(requests, tokens)         # one token per request
     out = engine.verify(requests, drafts_tokens, drafts)
     engine.accept(accepted)                     # pointer move
+    states = engine.materialize(requests)       # the plain states, read from each request's own page
     engine.finish(slot)
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from replayssm_dsl.errors import InputError
 
-from .validation import host_int_array
+from .validation import as_index, host_int_array
 
 
 def _pad(tokens, requests: int, rows: int):
@@ -36,6 +37,23 @@ def _pad(tokens, requests: int, rows: int):
             value = np.concatenate([value, pad])
         out[name] = value
     return out
+
+
+def _requests(requests) -> np.ndarray:
+    requests = host_int_array(requests, "requests")
+    if requests.shape[0] == 0:
+        raise InputError("requests: empty batch")
+    return requests
+
+
+def _rows(batch_size, requests: int) -> int:
+    """The padded batch's rows: ``batch_size`` (at least one per request), or one per request if None."""
+    if batch_size is None:
+        return requests
+    rows = as_index(batch_size)
+    if rows is None or rows < requests:
+        raise InputError(f"batch_size: expected an int >= {requests} (one row per request), got {batch_size!r}")
+    return rows
 
 
 class ReplayEngine:
@@ -74,8 +92,8 @@ class ReplayEngine:
 
     def step(self, requests, tokens: dict, batch_size: int | None = None):
         """One token per request (``tokens[name]`` ``[len(requests), ...]``); ``[len(requests), HV, V]``."""
-        requests = host_int_array(requests, "requests")
-        rows = batch_size or requests.shape[0]
+        requests = _requests(requests)
+        rows = _rows(batch_size, requests.shape[0])
         slot, src, dst = self.pool.build_step(requests, rows)
         out = self._refused_or(lambda: self.cache.step(slot, _pad(tokens, requests.shape[0], rows),
                                                        src_pages=src, dst_pages=dst))
@@ -84,13 +102,23 @@ class ReplayEngine:
 
     def verify(self, requests, tokens: dict, drafts, batch_size: int | None = None):
         """Outputs of ``drafts[i]`` speculative tokens per request (``tokens[name]`` ``[n, T, ...]``)."""
-        requests = host_int_array(requests, "requests")
-        rows = batch_size or requests.shape[0]
+        requests = _requests(requests)
+        rows = _rows(batch_size, requests.shape[0])
         slot, src, dst, drafts_out = self.pool.build_verify(requests, host_int_array(drafts, "drafts"), rows)
         out = self._refused_or(lambda: self.cache.verify(slot, _pad(tokens, requests.shape[0], rows), drafts_out,
                                                          src_pages=src, dst_pages=dst))
         self._verify_rows = rows
         return out[:requests.shape[0]]
+
+    def materialize(self, requests):
+        """The plain state of each request, ``[len(requests), HV, V, K]``: its checkpoint page (after
+        copy-on-write no longer the page numbered like its slot) folded with its records."""
+        requests = _requests(requests)
+        live = set(self.pool.live_slots().tolist())
+        for i, slot in enumerate(requests.tolist()):
+            if slot not in live:
+                raise InputError(f"requests[{i}] = {slot} is not an allocated slot")
+        return self.cache.materialize(requests, src_pages=[self.pool.page_of(slot) for slot in requests.tolist()])
 
     def _refused_or(self, call):
         """``call()``, the cache's launch of the batch the pool has just built; if the cache refuses it

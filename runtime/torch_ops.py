@@ -2,8 +2,9 @@
 only where it is installed).
 
 ``TorchReplayCache`` owns a CPU or CUDA replay cache and exposes its state (checkpoint pages, record
-buffers, fills, the step's per-slot arrival counters; ``.names`` lists them) as torch tensors that
-share the cache's memory. The operators
+buffers, fills; ``.names`` lists them) as torch tensors that share the cache's memory. The operators
+find the cache by its ``key`` while the ``TorchReplayCache`` is alive (keep it, e.g. on the module
+that holds its ``.state``); once it is collected its key and tensors are forgotten. The operators
 
     torch.ops.replayssm.step(key, state, slot, src_page, dst_page, tokens) -> out [B, HV, V]
     torch.ops.replayssm.verify(key, state, slot, src_page, dst_page, drafts, tokens) -> out [B, T, HV, V]
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 
 import numpy as np
 import torch
@@ -29,9 +31,16 @@ import torch
 from replayssm_dsl.errors import InputError
 from .validation import check_aligned
 
-_CACHES: dict = {}
+_CACHES = weakref.WeakValueDictionary()  # key -> TorchReplayCache, while the cache is alive
 _KEYS = itertools.count()
-_OWNERS: dict = {}  # storage address of every cache's state tensor -> (key, buffer name)
+_OWNERS: dict = {}  # storage address of every live cache's state tensor -> (key, buffer name)
+
+
+def _forget(key: str, addresses: list) -> None:
+    """A collected cache's state addresses, which new tensors may reuse (its key left with it)."""
+    for address in addresses:
+        if _OWNERS.get(address, (None,))[0] == key:
+            del _OWNERS[address]
 
 
 def _address(tensor: torch.Tensor) -> int:
@@ -64,6 +73,7 @@ class TorchReplayCache:
                       if b.role in ("state", "record", "meta") and b.name in self.cache.buffers]
         self.state = [wrap(self.cache.buffers[name]) for name in self.names]  # shared memory, no copies
         _OWNERS.update({_address(t): (self.key, name) for name, t in zip(self.names, self.state)})
+        weakref.finalize(self, _forget, self.key, [_address(t) for t in self.state])
         # The operators bind the cache to whatever state tensors they are given, so the tensors are
         # the truth: keep ``self.state`` (e.g. as module buffers) and pass it to every call.
         self.token_names = [s.name for s in decl.inputs if s.kind == "token"]
@@ -122,9 +132,10 @@ def _cache(key: str, state: list):
     """The cache called ``key`` with its buffers bound to the ``state`` tensors the operator was given
     (under torch.compile these are functionalised copies: the kernels must write to them), bound
     back to the cache's own tensors afterwards."""
-    if key not in _CACHES:
-        raise KeyError(f"key: no replay cache {key!r} (create a TorchReplayCache first)")
-    c = _CACHES[key]
+    c = _CACHES.get(key)
+    if c is None:
+        raise KeyError(f"key: no replay cache {key!r} (create a TorchReplayCache first, and keep it while its "
+                       "key is used: a collected cache's key is forgotten)")
     with _on_torch_stream(c):
         _bind(c, state)
         try:
@@ -147,6 +158,13 @@ def _on_torch_stream(c: TorchReplayCache):
         yield
 
 
+def _check_token_list(c: TorchReplayCache, tokens: list) -> None:
+    """One tensor per declared token input, in declaration order (``TorchReplayCache.tokens``)."""
+    if len(tokens) != len(c.token_names):
+        raise InputError(f"tokens: expected {len(c.token_names)} tensors ({c.token_names}, in this order), "
+                         f"got {len(tokens)}")
+
+
 def _named(c: TorchReplayCache, tokens) -> dict:
     """Tokens by name: CUDA tensors as they are (bf16 ones too: the cache reads their bits), CPU ones
     as NumPy (a bf16 tensor as the float32 values of its bf16, which NumPy cannot hold)."""
@@ -160,6 +178,7 @@ def step(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torc
          tokens: list[torch.Tensor]) -> torch.Tensor:
     with _cache(key, state) as c:
         _check_index(c, slot=slot, src_page=src_page, dst_page=dst_page)
+        _check_token_list(c, tokens)
         rows = slot.shape[0]
         out = torch.empty((rows, 1, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
         if c.device.type == "cuda":
@@ -184,6 +203,9 @@ def verify(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: to
            drafts: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:
     with _cache(key, state) as c:
         _check_index(c, slot=slot, src_page=src_page, dst_page=dst_page, drafts=drafts)
+        _check_token_list(c, tokens)
+        if tokens[0].ndim < 2:
+            raise InputError(f"tokens[0] ({c.token_names[0]}): verify tokens are [B, T, ...], got {list(tokens[0].shape)}")
         rows, t = slot.shape[0], tokens[0].shape[1]
         out = torch.empty((rows, t, c.shape.heads, c.shape.v_dim), dtype=torch.float32, device=slot.device)
         if c.device.type == "cuda":

@@ -169,17 +169,29 @@ def check_array(array, name: str, shape: tuple, *, dtypes=FLOAT_DTYPES, check_va
     if contiguous and not _is_contiguous(array):
         raise InputError(f"{name}: must be C-contiguous (strides {getattr(array, 'strides', '?')})")
     if check_values and not is_device_array(array):
-        _check_host_values(host_values(array), name, sign, finite_as)
+        _check_host_values(readable_host_array(array, name), name, sign, finite_as)
     return array
 
 
 def host_values(array) -> np.ndarray:
-    """A host array's values as NumPy (a torch bf16 tensor by way of float32: NumPy holds no bf16)."""
+    """A host array's values as NumPy (a torch bf16 tensor by way of float32: NumPy holds no bf16;
+    one that records gradients by way of ``detach``: only its values are read)."""
     if isinstance(array, np.ndarray):
         return array
+    if hasattr(array, "detach"):
+        array = array.detach()
     if dtype_name(array) == "bfloat16" and hasattr(array, "float"):
         array = array.float()
     return np.asarray(array)
+
+
+def readable_host_array(array, name: str) -> np.ndarray:
+    """``host_values``, or an ``InputError`` naming the argument when its values cannot be read on the
+    host (a torch tensor on the meta device, an object that only looks like an array)."""
+    try:
+        return host_values(array)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+        raise InputError(f"{name}: its values cannot be read on the host ({type(exc).__name__}: {exc})") from None
 
 
 def _check_host_values(values: np.ndarray, name: str, sign: str, finite_as: str) -> None:

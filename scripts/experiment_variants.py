@@ -409,7 +409,7 @@ def scratch_cache(decl, shape, config, rows, params, launch):
     from replayssm_dsl.runtime.cuda_cache import CudaReplayCache
     cache = CudaReplayCache(decl, shape, config, slots=rows, params=params, launch=launch)
     cache.buffers["checkpoint"][...] = 0.01
-    cache.buffers["state"][...] = 0.01
+    cache.baseline_state()[...] = 0.01
     cache.buffers["rec_write"][...] = 0.01
     cache.buffers["rec_key"][...] = 0.05
     return cache

@@ -36,7 +36,7 @@ def main() -> None:
     decl, shape, config, rng, params = preset_setup(args.preset)
     cache = CudaReplayCache(decl, shape, config, slots=args.batch, params=params)
     cache.buffers["checkpoint"][...] = 0.01
-    cache.buffers["state"][...] = 0.01
+    cache.baseline_state()[...] = 0.01
     batch = mixed_steady_state(cache, args.batch)
     toks = {k: cp.asarray(v[:, None].astype(np.float32)) for k, v in random_tokens(decl, shape, rng, (args.batch,)).items()}
     out = cp.empty((args.batch, 1, shape.heads, shape.v_dim), cp.float32)

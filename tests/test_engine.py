@@ -113,9 +113,10 @@ def run_engine(backend, tol, pool_cls, variant, seed, rounds, slots=8, refusals=
         live = [int(s) for s in engine.pool.live_slots()]
         fills = engine.cache.fills()
         assert [engine.pool.fill_of(s) for s in live] == [int(fills[s]) for s in live], "host mirror != device fills"
-    for slot in [int(s) for s in engine.pool.live_slots()]:
-        got = engine.cache.materialize([slot], src_pages=[engine.pool.page_of(slot)])
-        assert_close(got[0], oracle[slot], tol, f"final state slot {slot}")
+    live = [int(s) for s in engine.pool.live_slots()]
+    got = engine.materialize(live[::-1])
+    for i, slot in enumerate(live[::-1]):
+        assert_close(got[i], oracle[slot], tol, f"final state slot {slot}")
 
 
 @pytest.mark.parametrize("backend,tol", BACKENDS)
@@ -135,3 +136,45 @@ def test_refused_calls_leave_the_engine_serving_every_request(pool_cls):
     refused by the cache or the engine before any kernel runs, the pool drops what it had built, and
     every later output and final state still equals the oracle's."""
     run_engine("cpu", 1e-9, pool_cls, "gdn", seed=11, rounds=120, refusals=True)
+
+
+@pytest.mark.parametrize("backend,tol", BACKENDS)
+def test_materialize_reads_each_request_from_its_own_page_after_copy_on_write(backend, tol):
+    """A parent and its fork share a page until the parent's flush moves it to a fresh one: the
+    engine's materialize reads each request from the page the pool has for it (the cache's own default,
+    page = slot, would read the parent's new page for the fork)."""
+    decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 16, 32), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(5)
+    params = random_params(decl, shape, rng)
+    cache_cls = CpuReplayCache if backend == "cpu" else _cuda_cache()
+    engine = ReplayEngine(cache_cls, decl, shape, config, slots=2, params=params)
+    state = random_state(shape, rng).astype(np.float32)
+    parent = engine.add(state)
+    child = engine.fork(parent)
+    oracle = {parent: state.astype(np.float64), child: state.astype(np.float64)}
+    for _ in range(config.window):  # the parent's buffer fills and flushes into a fresh page
+        toks = random_tokens(decl, shape, rng, (1,))
+        engine.step([parent], toks)
+        _, oracle[parent] = plain_recurrence(decl, shape, toks, params, oracle[parent])
+    assert engine.pool.page_of(parent) != engine.pool.page_of(child) != child  # page = slot would misread the fork
+    got = engine.materialize([child, parent])
+    assert_close(got[0], oracle[child], tol, "the fork's state")
+    assert_close(got[1], oracle[parent], tol, "the parent's state, from its new page")
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda e, s, toks: e.step([s], toks, batch_size=0), "batch_size: expected an int >= 1"),
+    (lambda e, s, toks: e.step([s], toks, batch_size=1.5), "batch_size"),
+    (lambda e, s, toks: e.step([], toks), "requests: empty batch"),
+    (lambda e, s, toks: e.materialize([s, s + 1]), f"requests[1] = 1 is not an allocated slot"),
+    (lambda e, s, toks: e.materialize([]), "requests: empty batch"),
+])
+def test_engine_refuses_a_bad_batch_naming_its_argument(call, fragment):
+    decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 8, 8), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(2)
+    engine = ReplayEngine(CpuReplayCache, decl, shape, config, slots=2, params=random_params(decl, shape, rng))
+    slot = engine.add(random_state(shape, rng))
+    before, fills = pool_view(engine), engine.cache.fills()
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        call(engine, slot, random_tokens(decl, shape, rng, (1,)))
+    assert pool_view(engine) == before and np.array_equal(engine.cache.fills(), fills)

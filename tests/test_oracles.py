@@ -137,6 +137,31 @@ def test_conventional_step_matches_oracle(name, shape, seed, steps, data):
     assert np.array_equal(cache.buffers["state"][other], untouched)
 
 
+def test_the_baseline_state_is_allocated_by_the_first_baseline_call_only():
+    """A cache that only replays holds no baseline ``state`` (as much memory as its checkpoint pages);
+    the first baseline call allocates it as zeros, and a conventional step from there is the
+    recurrence from the zero state."""
+    decl, shape = variants.get("gdn"), ModelShape(4, 2, 6, 5)
+    rng = np.random.default_rng(8)
+    params = random_params(decl, shape, rng)
+    cache = CpuReplayCache(decl, shape, ReplayConfig(window=4, max_drafts=3), slots=2, params=params, pages=3)
+    cache.load([0, 1], random_state(shape, rng, (2,)))
+    for _ in range(5):
+        cache.step([1, 0], random_tokens(decl, shape, rng, (2,)))
+    cache.verify([0, 1], random_tokens(decl, shape, rng, (2, 3)), [3, 2])
+    cache.commit([1, 2])
+    cache.flush([1])
+    cache.materialize([0, 1])
+    assert "state" not in cache.buffers, "a replay-only cache allocated the baselines' state"
+    toks = random_tokens(decl, shape, rng, (1,))
+    out = cache.conventional_step([1], toks)
+    assert cache.buffers["state"].shape == (3, shape.heads, shape.v_dim, shape.k_dim)
+    want_o, want_s = plain_recurrence(decl, shape, toks, params, np.zeros((shape.heads, shape.v_dim, shape.k_dim)))
+    assert_close(out[0], want_o[0], TOL, "conventional step from the zero state")
+    assert_close(cache.buffers["state"][1], want_s, TOL, "its state")
+    assert not cache.buffers["state"][[0, 2]].any(), "pages no row wrote"
+
+
 @ORACLE
 @given(name=st.sampled_from(NAMES), shape=shapes(), seed=seeds, max_drafts=st.integers(1, 8), data=st.data())
 def test_snapshot_verify_matches_oracle(name, shape, seed, max_drafts, data):

@@ -201,3 +201,39 @@ def test_cpu_commit_refuses_rows_or_draft_counts_its_verify_was_not_given(wrong)
     torch.ops.replayssm.commit(tc.key, tc.state, slot, torch.tensor([3, 2, 0], dtype=torch.int32),
                                torch.tensor([1, 1, 0], dtype=torch.int32))  # a padded row's count aside
     assert np.array_equal(tc.fills()[[2, 0]], fills[[2, 0]] + 1)
+
+
+def test_a_collected_cache_is_forgotten_with_its_key():
+    """The operators' registry holds no cache alive: once a ``TorchReplayCache`` is collected its key
+    names nothing and its tensors' addresses belong to no cache (a new tensor there is not refused)."""
+    import gc
+    import weakref
+    from replayssm_dsl.runtime import torch_ops
+    tc, _, _ = _pair(slots=2)
+    key, gone = tc.key, weakref.ref(tc)
+    addresses = {torch_ops._address(t) for t in tc.state}
+    del tc
+    gc.collect()
+    assert gone() is None, "something still holds the cache"
+    assert key not in torch_ops._CACHES
+    assert not addresses & set(torch_ops._OWNERS), "a collected cache still owns addresses"
+    slot = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(KeyError, match="a collected cache's key is forgotten"):
+        torch.ops.replayssm.materialize(key, [], slot, slot)
+
+
+@pytest.mark.parametrize("count", [0, 4, 6])
+def test_step_and_verify_take_one_tensor_per_token_input(count):
+    tc, _, rng = _pair(slots=2)
+    slot = torch.tensor([0, 1], dtype=torch.int32)
+    drafts = torch.tensor([2, 2], dtype=torch.int32)
+    step = tc.tokens(_t(random_tokens(DECL, SHAPE, rng, (2,))))
+    draft = tc.tokens(_t(random_tokens(DECL, SHAPE, rng, (2, 2))))
+    fills = tc.fills()
+    for given, call in ((step, lambda t: torch.ops.replayssm.step(tc.key, tc.state, slot, slot, slot, t)),
+                        (draft, lambda t: torch.ops.replayssm.verify(tc.key, tc.state, slot, slot, slot, drafts, t))):
+        tokens = (given + given)[:count]
+        with pytest.raises(InputError, match=rf"tokens: expected 5 tensors \(\['q', 'k', 'v', 'a', 'b'\], in this "
+                                             rf"order\), got {count}"):
+            call(tokens)
+    assert np.array_equal(tc.fills(), fills)
