@@ -47,6 +47,9 @@ class ModelShape:
         return self.v_dim * self.k_dim
 
 
+MAX_CAPACITY = 31  # records per slot (window + max_drafts): one per lane of a warp, the 32nd the new token's
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """Replay window ``L``, draft limit ``T`` and storage dtypes; ``capacity = L + T`` records per slot.
@@ -74,6 +77,10 @@ class ReplayConfig:
             raise ConfigError(f"window: must be an int >= 1, got {self.window!r}")
         if not isinstance(self.max_drafts, int) or not 1 <= self.max_drafts <= 8:
             raise ConfigError(f"max_drafts: must be an int in 1..8, got {self.max_drafts!r}")
+        if self.window + self.max_drafts > MAX_CAPACITY:
+            raise ConfigError(f"window: window + max_drafts = {self.window + self.max_drafts} > {MAX_CAPACITY}: the "
+                              "kernels keep a slot's records one per lane of a warp, with a lane for the new token "
+                              f"(use window <= {MAX_CAPACITY - self.max_drafts} with max_drafts={self.max_drafts})")
         for name in ("state_dtype", "record_dtype"):
             dtype = getattr(self, name)
             if dtype in READ_ONLY_DTYPES:

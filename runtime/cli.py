@@ -1,10 +1,11 @@
 """Runtime layer: the ``replayssm`` command line.
 
-    replayssm variants                       the built-in declarations
+    replayssm variants                       the built-in declarations (NAME: one of them, or your own
+                                             as module:attribute or path/to/file.py:attribute)
     replayssm show NAME [--preset P]         a declaration and its lowered kernel plans
     replayssm traffic --preset P             bytes per decode step: conventional vs replay
     replayssm check NAME [--backend B]       run NAME end to end, largest error against the oracle
-    replayssm emit NAME --preset P -o DIR    every kernel's CUDA source, each compilable alone
+    replayssm emit NAME --preset P -o DIR    every kernel's CUDA source, each compilable alone (or --shape)
                      [--standalone]          or one .cu with extern "C" launchers, a header, manifest.json
     replayssm bench [--quick]                GPU benchmark (needs a GPU): table, JSON, Markdown, PNG
 """
@@ -24,6 +25,9 @@ from replayssm_dsl.lowering.traffic import (design_formulas, kernel_traffic, rec
                                             verify_mixed)
 
 from .benchmark import KERNELS as BENCH_KERNELS  # (no CuPy at import: the benchmark imports it when it runs)
+
+
+VARIANT_HELP = "a built-in (replayssm variants) or your own: module:attribute or path/to/file.py:attribute"
 
 
 def shape_argument(text: str) -> ModelShape:
@@ -122,9 +126,12 @@ def cmd_check(args) -> int:
 def cmd_emit(args) -> int:
     from replayssm_dsl.lowering.render_cuda import render_program
 
-    p = preset(args.preset)
+    if bool(args.preset) == bool(args.shape):
+        raise ReplaySSMError("emit: give the shape as --preset or --shape (one of them)")
     decl = _declaration(args.name, args)
-    program = lower(decl, p.shape, _config(args))
+    shape = _shape(args)
+    label = args.preset or f"{shape.heads}x{shape.key_heads}x{shape.v_dim}x{shape.k_dim}"
+    program = lower(decl, shape, _config(args))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     if args.standalone:
@@ -133,10 +140,10 @@ def cmd_emit(args) -> int:
             print(path)
         return 0
     for kernel in program.kernels:
-        path = out / f"{decl.name}-{p.name}-{kernel.name}.cu"
+        path = out / f"{decl.name}-{label}-{kernel.name}.cu"
         path.write_text(render_program(program, kernels=[kernel.name]))
         print(path)
-    whole = out / f"{decl.name}-{p.name}.cu"
+    whole = out / f"{decl.name}-{label}.cu"
     whole.write_text(render_program(program))
     print(whole)
     return 0
@@ -179,29 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("variants", help="list the built-in variants").set_defaults(func=cmd_variants)
     p = sub.add_parser("show", help="print a declaration and its lowered plans")
-    p.add_argument("name")
+    p.add_argument("name", help=VARIANT_HELP)
     with_config(p)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("traffic", help="traffic model for a model shape")
     p.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    p.add_argument("--variant", help="override the preset's variant")
+    p.add_argument("--variant", help="override the preset's variant (" + VARIANT_HELP + ")")
     p.add_argument("--batch", type=int, default=256)
     with_config(p, shape=False)
     p.set_defaults(func=cmd_traffic)
     p = sub.add_parser("check", help="run a variant end to end against the oracle")
-    p.add_argument("name")
+    p.add_argument("name", help=VARIANT_HELP)
     p.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     with_config(p)
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("emit", help="write the CUDA sources of a variant for a preset")
-    p.add_argument("name")
-    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p = sub.add_parser("emit", help="write the CUDA sources of a variant for a preset or a shape")
+    p.add_argument("name", help=VARIANT_HELP)
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--standalone", action="store_true",
                    help="one self-contained .cu with extern \"C\" launchers, a header and manifest.json")
-    with_config(p, shape=False)
+    with_config(p)
     p.set_defaults(func=cmd_emit)
     p = sub.add_parser("bench", help="GPU benchmark of the generated kernels (needs a GPU)")
     p.add_argument("--out", default="bench-out", help="folder for results.json, results.md, speedup.png")

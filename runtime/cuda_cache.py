@@ -107,7 +107,7 @@ class CudaReplayCache(ReplayCacheBase):
             if spilling is None:
                 raise LoweringError(f"no launch shape of {fallbacks} builds the {family} kernels for "
                                     f"{self.program.declaration.name!r} at {self.shape} (static shared memory "
-                                    "is limited to 48 KiB per CTA)")
+                                    "is limited to 48 KiB per CTA; a smaller window or max_drafts needs less)")
             launch = spilling
         self._fitting[rows, family] = launch
         return launch

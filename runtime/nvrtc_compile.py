@@ -83,7 +83,7 @@ def compile_cubin(source: str, name: str = "replayssm.cu", arch: str = "sm_90") 
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
     log = bytes(size)  # zeros: an empty log (size 1) must not write into the shared one-byte b" "
     nvrtc.nvrtcGetProgramLog(prog, log)
-    text = log.decode(errors="replace").rstrip("\x00")
+    text = log.decode(errors="replace").replace("\x00", "")  # NVRTC ends the log, and at times a line, with NULs
     if int(status) != 0:
         nvrtc.nvrtcDestroyProgram(prog)
         raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{text}")

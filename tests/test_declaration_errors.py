@@ -351,11 +351,22 @@ def test_window_below_one(window):
 
 
 @settings(max_examples=60, deadline=None)
-@given(window=st.integers(1, 64), max_drafts=st.integers(1, 8), state=st.sampled_from(sorted(STATE_DTYPES)))
+@given(window=st.integers(1, 30), max_drafts=st.integers(1, 8), state=st.sampled_from(sorted(STATE_DTYPES)))
 def test_valid_configs_build(window, max_drafts, state):
+    if window + max_drafts > 31:
+        with raises(ConfigError, "window:", f"window + max_drafts = {window + max_drafts} > 31",
+                    f"window <= {31 - max_drafts}"):
+            ReplayConfig(window=window, max_drafts=max_drafts, state_dtype=state)
+        return
     cfg = ReplayConfig(window=window, max_drafts=max_drafts, state_dtype=state)
     assert cfg.capacity == window + max_drafts
     assert DTYPE_BYTES[cfg.state_dtype] in (2, 4)
+
+
+@pytest.mark.parametrize("window,max_drafts", [(24, 8), (31, 1), (64, 8)])
+def test_a_capacity_past_one_warp_of_records_is_refused(window, max_drafts):
+    with raises(ConfigError, "window:", "> 31", "one per lane"):
+        ReplayConfig(window=window, max_drafts=max_drafts)
 
 
 # -- the built-ins ----------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""DSL and runtime layers: a declaration of the user's own named on the command line
+(``module:attribute``, ``path/to/file.py:attribute``), ``emit --shape``, and the errors a wrong name
+or a configuration past the kernels' limits gets (no GPU: the CPU backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replayssm_dsl import variants
+from replayssm_dsl.errors import DeclarationError
+from replayssm_dsl.runtime import cli
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "custom_variant.py")
+OWN = f"{EXAMPLE}:gated_delta_with_gate"
+
+
+def test_a_module_attribute_names_the_same_declaration_as_the_built_in():
+    assert variants.get("replayssm_dsl.variants:gated_deltanet").fingerprint == variants.get("gdn").fingerprint
+
+
+def test_check_decodes_a_declaration_from_a_file_against_the_oracle(capsys):
+    status = cli.main(["check", OWN, "--backend", "cpu", "--steps", "24", "--window", "4", "--max-drafts", "3"])
+    text = capsys.readouterr().out
+    assert status == 0, text
+    assert text.startswith("check gated_delta_gate on cpu") and "(ok," in text
+
+
+def test_emit_writes_a_declaration_of_ones_own_at_a_shape(tmp_path, capsys):
+    status = cli.main(["emit", OWN, "--shape", "4,2,32,64", "--window", "8", "--max-drafts", "4", "-o", str(tmp_path)])
+    assert status == 0, capsys.readouterr()
+    whole = tmp_path / "gated_delta_gate-4x2x32x64.cu"
+    assert whole.is_file() and "replay_step" in whole.read_text()
+    assert (tmp_path / "gated_delta_gate-4x2x32x64-verify.cu").is_file()
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no_such_module_here:x", "no module 'no_such_module_here'"),
+    ("examples/no_such_file.py:x", "no file examples/no_such_file.py"),
+    (f"{EXAMPLE}:nope", "has no attribute 'nope'"),
+    ("json:dumps", "needs arguments"),
+    ("json:JSONDecoder", "is a JSONDecoder, not a Declaration"),
+    (":gdn", "name a declaration as module:attribute"),
+    ("gnd", "unknown 'gnd'; built-in: mamba2"),
+])
+def test_a_name_that_is_no_declaration_is_refused_naming_it(name, message, capsys):
+    with pytest.raises(DeclarationError, match="variant: "):
+        variants.get(name)
+    assert cli.main(["show", name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replayssm: error: variant:") and message in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["emit", "gdn", "-o", "unused"], "give the shape as --preset or --shape"),
+    (["emit", "gdn", "--preset", "qwen3.5-4b", "--shape", "4,2,8,8", "-o", "unused"], "one of them"),
+    (["check", "gdn", "--backend", "cpu", "--window", "24"], "window + max_drafts = 32 > 31"),
+])
+def test_usage_the_kernels_cannot_serve_is_an_error_naming_the_option(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
