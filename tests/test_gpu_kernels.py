@@ -360,3 +360,26 @@ def test_gpu_torch_tensors_and_stream_without_copies():
             cache.step([1, 0], tt, out=out)
         stream.synchronize()
         assert_close(out[:, 0].cpu().numpy(), ref.step([1, 0], toks), FP32_TOL, f"torch step {i}")
+
+
+@pytest.mark.parametrize("name", ["gdn", "mamba2"])
+def test_gpu_host_tensors_in_and_host_outputs_refused(name):
+    """CPU torch tensors as tokens are copied over and give the NumPy tokens' outputs; an ``out=`` on the
+    host is refused naming it before any launch (a device copy of it would take the outputs and the
+    array keep none); the baselines' state exists only once a baseline has run."""
+    import cupy as cp
+    torch = pytest.importorskip("torch")
+    from replayssm_dsl.errors import InputError
+    decl, shape, config, cache, twin, rng = _two_loaded_caches(name, seed=31)
+    assert "state" not in cache.buffers, "a cache that only replays allocated the baselines' state"
+    toks = random_tokens(decl, shape, rng, (2,))
+    before = buffers_snapshot(cache)
+    with pytest.raises(InputError, match=r"out: must be a device array \(CuPy or a torch CUDA tensor\)"):
+        cache.step([0, 1], toks, out=np.full((2, 1, shape.heads, shape.v_dim), np.nan, np.float32))
+    assert_buffers_kept(cp, cache, before, "after a refused step")
+    got = cache.step([0, 1], {k: torch.tensor(v) for k, v in toks.items()},
+                     out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
+    assert_close(to_host(got), to_host(twin.step([0, 1], toks)), 1e-6, "step from CPU torch tokens")
+    out = cache.conventional_step([0, 1], toks, out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
+    assert cache.buffers["state"].shape == (2, shape.heads, shape.v_dim, shape.k_dim)
+    assert np.isfinite(to_host(out)).all(), "the conventional step from the zero state wrote no output"
