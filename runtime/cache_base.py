@@ -267,7 +267,9 @@ class ReplayCacheBase:
         t = self._token_length(tokens)
         if drafts.max() > t:
             i = int(np.argmax(drafts))
-            raise InputError(f"drafts[{i}] = {drafts[i]} but tokens hold only T = {t} drafts")
+            name = next(s.name for s in self.decl.inputs if s.kind == "token" and s.name in tokens)
+            raise InputError(f"drafts[{i}] = {drafts[i]} but tokens hold only T = {t} drafts (tokens[{name!r}] has "
+                             f"shape {list(np.shape(tokens[name]))}; verify tokens are [B, T, ...])")
         return t
 
     @staticmethod

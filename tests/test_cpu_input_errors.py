@@ -213,6 +213,10 @@ def test_verify_tokens_shorter_than_drafts(busy):
         busy.cache.snapshot_verify([0, 1], busy.tokens(2, 2), [3, 1])
     with refused(busy.cache, InputError, "tokens['q']: verify tokens are [B, T, ...]"):
         busy.cache.verify([0, 1], {"q": np.zeros(3)}, [1, 1])
+    # a step's tokens ([B, H, K]: H = 2 read as T) given to verify: the message shows the shape it read
+    with refused(busy.cache, InputError, "drafts[0] = 3 but tokens hold only T = 2 drafts",
+                 "(tokens['q'] has shape [2, 2, 5]; verify tokens are [B, T, ...])"):
+        busy.cache.verify([0, 1], busy.tokens(2), [3, 1])
     with refused(busy.cache, InputError, "no declared token input"):
         busy.cache.verify([0, 1], {}, [1, 1])
 
