@@ -22,7 +22,7 @@ from replayssm_dsl.bfloat16 import bfloat16_bits
 
 from .cache_base import BASELINE_KERNELS, ReplayCacheBase
 from .autotune import family_of, group_kernels, group_of, lookup
-from .cuda_module import CompiledProgram, require_gpu
+from .cuda_module import CompiledProgram, as_cupy_stream, require_gpu
 from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, check_aligned, dtype_name, is_device_array,
                          readable_host_array)
 
@@ -119,7 +119,15 @@ class CudaReplayCache(ReplayCacheBase):
         return render_program(self.program, self.compiled.launch)
 
     def _zeros(self, shape, dtype):
-        return self.cp.zeros(shape, np.int32 if dtype == "int32" else STORAGE[dtype])
+        """Zeros written on this cache's stream, so its kernels see them without a wait between streams
+        (``baseline_state`` allocates just before the first baseline launch)."""
+        with self._on_stream():
+            return self.cp.zeros(shape, np.int32 if dtype == "int32" else STORAGE[dtype])
+
+    def _on_stream(self):
+        """CuPy's current stream set to this cache's (a CuPy or torch stream), or left as it is."""
+        stream = as_cupy_stream(self.stream)
+        return stream if stream is not None else contextlib.nullcontext()
 
     def _device(self, array, name: str = "array", dtype=np.float32):
         """A CuPy view of a device array (no copy), or a device copy of a host array (NumPy, a CPU torch
@@ -180,7 +188,7 @@ class CudaReplayCache(ReplayCacheBase):
         if isinstance(value, np.ndarray) and dtype in FLOAT_DTYPES:  # host floats: their bf16 bits
             return cp.asarray(bfloat16_bits(value))
         if dtype == "float32" and convert:
-            with self.stream if self.stream is not None else contextlib.nullcontext():
+            with self._on_stream():
                 return bfloat16_bits(self._device(value, label), xp=cp)
         if dtype == "float32":
             raise InputError(f"{label}: declared bfloat16; launch_step and launch_verify take a bf16 tensor or its "

@@ -230,13 +230,13 @@ def is_device_array(array) -> bool:
 def _device_of(array) -> str:
     if isinstance(array, np.ndarray):
         return "cpu"
+    if hasattr(array, "__cuda_array_interface__"):  # CuPy, Numba, any array that shares GPU memory so
+        return "cuda"
     dev = getattr(array, "device", None)
     if dev is None:
         return "cpu"
     text = str(dev)
-    if text.startswith("<CUDA Device") or text.startswith("cuda") or hasattr(array, "__cuda_array_interface__"):
-        return "cuda"
-    return text
+    return "cuda" if text.startswith("<CUDA Device") or text.startswith("cuda") else text
 
 
 def _is_contiguous(array) -> bool:

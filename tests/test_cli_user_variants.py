@@ -40,7 +40,8 @@ def test_emit_writes_a_declaration_of_ones_own_at_a_shape(tmp_path, capsys):
     ("examples/no_such_file.py:x", "no file examples/no_such_file.py"),
     (f"{EXAMPLE}:nope", "has no attribute 'nope'"),
     ("json:dumps", "needs arguments"),
-    ("json:JSONDecoder", "is a JSONDecoder, not a Declaration"),
+    ("json:JSONDecoder", "is a type, not a Declaration"),
+    ("sys:exit", "is a builtin_function_or_method, not a Declaration"),
     (":gdn", "name a declaration as module:attribute"),
     ("gnd", "unknown 'gnd'; built-in: mamba2"),
 ])
@@ -60,3 +61,22 @@ def test_a_name_that_is_no_declaration_is_refused_naming_it(name, message, capsy
 def test_usage_the_kernels_cannot_serve_is_an_error_naming_the_option(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_file_whose_code_fails_is_reported_as_the_variant_and_not_kept(tmp_path, capsys):
+    import sys
+    broken = tmp_path / "broken_variant.py"
+    broken.write_text("import a_module_that_is_not_there\n")
+    assert cli.main(["show", f"{broken}:x"]) == 2
+    err = capsys.readouterr().err
+    assert "raised ModuleNotFoundError: No module named 'a_module_that_is_not_there'" in err, err
+    assert not [name for name in sys.modules if name.startswith("replayssm_user_broken_variant")]
+
+
+def test_two_files_of_one_name_load_as_two_modules(tmp_path):
+    for folder, name in (("a", "gdn"), ("b", "mamba2")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mine.py").write_text(
+            f"from replayssm_dsl import variants\nDECL = variants.get({name!r})\n")
+    a, b = (variants.get(f"{tmp_path / folder / 'mine.py'}:DECL") for folder in "ab")
+    assert (a.name, b.name) == (variants.get("gdn").name, variants.get("mamba2").name)

@@ -31,6 +31,15 @@ class LooksLikeAGpuArray:
         raise TypeError("Implicit conversion to a NumPy array is not allowed")
 
 
+class SharesGpuMemoryOnly:
+    """An array known only by its CUDA array interface (no ``device`` attribute), as Numba's are."""
+
+    def __init__(self, host: np.ndarray):
+        self.shape, self.dtype = host.shape, host.dtype
+        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": host.dtype.str, "data": (0, False),
+                                         "version": 3}
+
+
 @pytest.fixture
 def busy():
     return Busy()
@@ -53,10 +62,11 @@ def test_a_gpu_token_given_to_verify_is_refused_before_its_fold(busy, name):
         busy.cache.verify([3, 0], toks, [3, 2])
 
 
+@pytest.mark.parametrize("kind", [LooksLikeAGpuArray, SharesGpuMemoryOnly])
 @pytest.mark.parametrize("op", ["step", "conventional_step"])
-def test_a_gpu_token_given_to_a_step_is_refused(busy, op):
+def test_a_gpu_token_given_to_a_step_is_refused(busy, op, kind):
     toks = busy.tokens(2)
-    toks["k"] = LooksLikeAGpuArray(toks["k"])
+    toks["k"] = kind(toks["k"])
     with refused(busy.cache, InputError, "tokens['k']", "expected cpu", exact=True):
         getattr(busy.cache, op)([0, 1], toks)
 
