@@ -278,7 +278,7 @@ def validate(decl: Declaration, declared: dict[str, InputSpec]) -> None:
                 f"decay: varies along V ({render_text(decl.decay)}); replay records would be state-sized "
                 "(a full V×K decay per token, as in Mamba-1, cannot be replayed). A decay must be a scalar "
                 "per head or a vector over K.")
-        if decl.decay.sign != "nonpositive":
+        if decl.decay.sign != "nonpositive" and value_range(decl.decay)[1] > 0.0:
             raise DeclarationError(
                 f"decay: cannot show g ≤ 0 for {render_text(decl.decay)} (log-space decay must be ≤ 0 so "
                 "that exp(G_n − G_i) cannot overflow); build it from -exp(...)·softplus(...), logsigmoid(...) "

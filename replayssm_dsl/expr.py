@@ -155,6 +155,8 @@ def _infer_sign(op: str, src, arg) -> str:
         return _flip(src[0].sign)
     if op in _UNARY_SIGN:
         return _UNARY_SIGN[op]
+    if op == "MUL" and src[0] is src[1]:  # a square (interned nodes: the same expression is the same node)
+        return "nonnegative"
     if op in ("MUL", "DIV"):
         return _product_sign(src[0].sign, src[1].sign)
     if op == "ADD":

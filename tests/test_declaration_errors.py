@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from replayssm_dsl import (ConfigError, DeclarationError, ModelShape, Recurrence, ReplayConfig, delta, ops,
                            plain)
+from replayssm_dsl.bounds import value_range
 from replayssm_dsl.config import DTYPE_BYTES, STATE_DTYPES
 from replayssm_dsl.variants import BUILTINS, get
 
@@ -89,6 +90,27 @@ def test_decays_with_a_provable_sign_build(make):
     decl = r.build(decay=make(r), key=k, query=q, write=plain(v))
     assert decl.decay.sign == "nonpositive"
     assert decl.decay_form in ("scalar", "vector")
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: -((g := r.token("g")) * g),                         # minus a square
+    lambda r: ops.log(ops.sigmoid(r.token("g"))),                 # log of a value in [0, 1]
+    lambda r: ops.log(ops.sigmoid(r.token("g", size="K"))) / 4.0,
+], ids=["minus-square", "log-sigmoid", "vector-log-sigmoid"])
+def test_decays_bounded_by_their_value_range_build(make):
+    """Where the sign rules alone say nothing, the interval arithmetic (``bounds.value_range``) may
+    still show g ≤ 0; a square is non-negative whatever its factor's sign."""
+    r = Recurrence("ranged")
+    q, k, v = _qkv(r)
+    decl = r.build(decay=make(r), key=k, query=q, write=plain(v))
+    assert value_range(decl.decay)[1] <= 0.0
+
+
+def test_a_product_of_two_different_unsigned_factors_is_no_square():
+    r = Recurrence("unsigned")
+    q, k, v = _qkv(r)
+    with raises(DeclarationError, "decay", "cannot show g ≤ 0"):
+        r.build(decay=-(r.token("g") * r.token("h")), key=k, query=q, write=plain(v))
 
 
 # -- key, query, write ------------------------------------------------------------------------------
