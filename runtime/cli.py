@@ -21,6 +21,7 @@ from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import DESIGN_PRESETS, PRESETS, RAW_RECORD_FIELDS, parse_raw_record_fields, preset
 from replayssm_dsl.errors import ReplaySSMError
 from replayssm_dsl.lowering import lower
+from replayssm_dsl.lowering.record_inputs import raw_record_inputs
 from replayssm_dsl.lowering.traffic import (design_formulas, kernel_traffic, record_bytes, replay_step_amortized,
                                             verify_mixed)
 
@@ -59,9 +60,16 @@ def _config(args) -> ReplayConfig:
 
 
 def _declaration(name: str, args):
-    """The built-in ``name``, its token inputs arriving as ``--token-dtype``."""
+    """The variant ``name``, its token inputs arriving as ``--token-dtype`` (a note on stderr where
+    ``--record-dtype bfloat16`` would keep no record field raw, so that it changes nothing)."""
     decl = variants.get(name)
-    return decl if args.token_dtype == "float32" else decl.with_token_dtype(args.token_dtype)
+    decl = decl if args.token_dtype == "float32" else decl.with_token_dtype(args.token_dtype)
+    if args.record_dtype == "bfloat16" and not raw_record_inputs(decl, _config(args)):
+        why = " (no token input is bf16: add --token-dtype bfloat16)" if args.token_dtype == "float32" else ""
+        print(f"replayssm: note: --record-dtype bfloat16 changes nothing for {decl.name}: no record field it keeps raw "
+              f"({', '.join(args.raw_record_fields)}) is computed from one bf16 token input alone{why}, so its "
+              "records stay float32", file=sys.stderr)
+    return decl
 
 
 def cmd_variants(args) -> int:

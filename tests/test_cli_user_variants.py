@@ -80,3 +80,11 @@ def test_two_files_of_one_name_load_as_two_modules(tmp_path):
             f"from replayssm_dsl import variants\nDECL = variants.get({name!r})\n")
     a, b = (variants.get(f"{tmp_path / folder / 'mine.py'}:DECL") for folder in "ab")
     assert (a.name, b.name) == (variants.get("gdn").name, variants.get("mamba2").name)
+
+
+@pytest.mark.parametrize("token_dtype, noted", [("float32", True), ("bfloat16", False)])
+def test_a_record_dtype_that_changes_nothing_is_noted(token_dtype, noted, capsys):
+    assert cli.main(["traffic", "--preset", "qwen3.5-4b", "--record-dtype", "bfloat16", "--token-dtype", token_dtype]) == 0
+    err = capsys.readouterr().err
+    assert ("--record-dtype bfloat16 changes nothing for gdn" in err) == noted, err
+    assert ("add --token-dtype bfloat16" in err) == noted
