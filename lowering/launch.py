@@ -130,15 +130,27 @@ def choose_launch(shape, rows: int, family: str = "replay", config=None) -> Laun
     ``verify_fits_tensor_cores``), a whole head per CTA in 16-row tiles (``8x16`` at V = 128, ``5x16``
     at 80, ``4x16`` at 64; at most 8 warps), which the tuner picks for every preset from B = 8 on, so
     each head's head-level work runs once; for the others the largest CTA of 4 warps that wastes no rows past V (64, 40 or 32 rows: the most state
-    in flight per SM; 40 for V = 80), else 16-row CTAs under a 64-register cap (8 per SM)."""
+    in flight per SM; 40 for V = 80), else 16-row CTAs under a 64-register cap (8 per SM). A lane
+    holds ``key_chunks`` pieces of each of its rows along K, so past K = 128 a warp takes
+    ``16 // key_chunks`` rows at most (``8`` at K = 144–256), where 16 would spill."""
+    most_rows = max(1, 16 // key_chunks(shape.k_dim))
     if rows * shape.heads * -(-shape.v_dim // 16) < 2 * SMS_H200:
-        return LaunchConfig(warps=4, rows_per_warp=4)
+        return LaunchConfig(warps=4, rows_per_warp=min(4, most_rows))
     if family == "verify" and config is not None and verify_fits_tensor_cores(shape, config):
-        return LaunchConfig(warps=min(8, -(-shape.v_dim // 16)), rows_per_warp=16)
+        return LaunchConfig(warps=min(8, -(-shape.v_dim // most_rows)), rows_per_warp=most_rows)
     for rows_per_warp in (16, 10, 8):
-        if shape.v_dim % (4 * rows_per_warp) == 0:
+        if rows_per_warp <= most_rows and shape.v_dim % (4 * rows_per_warp) == 0:
             return LaunchConfig(warps=4, rows_per_warp=rows_per_warp)
+    if most_rows < 16:
+        return LaunchConfig(warps=4, rows_per_warp=min(4, most_rows))
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
+
+
+def key_chunks(k_dim: int) -> int:
+    """Pieces of a row along K that one lane holds: K in chunks of 32 lanes × VEC elements (VEC = 4,
+    16-byte loads, where K allows; else 1)."""
+    vec = 4 if k_dim % 4 == 0 else 1
+    return -(-k_dim // (32 * vec))
 
 
 def row_parts(delta: bool) -> int:

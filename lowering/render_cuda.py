@@ -22,7 +22,8 @@ from pathlib import Path
 from replayssm_dsl.errors import LoweringError
 
 from .ir import Kernel, Program
-from .launch import FILL_THREADS, LaunchConfig, kernel_arguments, row_parts, rows_reduced, write_record_layout
+from .launch import (FILL_THREADS, LaunchConfig, kernel_arguments, key_chunks, row_parts, rows_reduced,
+                     write_record_layout)
 from .render_blocks import (CHECKPOINT_ROW, DRAFTS_UNHELD, FILL_UNHELD, NEXT_FILL, OUTSIDE_CACHE, STATE_ROW, Facts,
                             facts, fields, fill_lines, fold_keys, fold_rows, ids, row_loads, row_records, rows_reduced_group, shared_decls,
                             store_rows, token_prefetch)
@@ -168,7 +169,7 @@ def _constants(program: Program, launch: LaunchConfig) -> list[str]:
     shape, cfg, decl = program.shape, program.config, program.declaration
     K = shape.k_dim
     vec = 4 if K % 4 == 0 else 1
-    kch = -(-K // (32 * vec))
+    kch = key_chunks(K)
     nrec = cfg.capacity + 1
     if nrec > 32:
         raise LoweringError(f"capacity: window + max_drafts = {cfg.capacity} > 31; the CUDA backend keeps one "

@@ -184,3 +184,32 @@ def test_shared_rows_compile_at_a_partial_tile(variant, launch):
     program = lower(variants.get(variant), ModelShape(4, 2, 60, 64), ReplayConfig(window=4, max_drafts=3))
     result = compile_cubin(render_program(program, launch, kernels=group_kernels(program, "replay")), "shared-rows.cu", "sm_90")
     assert sorted(result.resources) == sorted(group_kernels(program, "replay")) and not result.warnings, result.log
+
+
+# verify's spill at K = 144, 8x8, in bytes, where it has one: GLA's 4 (clean at 8x4 and 4x4, which
+# the CUDA cache then takes, see ``_fitting_launch``), the safe gate's scaled keys 32 at every shape
+VERIFY_SPILLS_PAST_K128 = {"gla": 4, "kda_safe_gate": 32}
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("variant", sorted(variants.BUILTINS))
+def test_default_launches_past_k_128_compile_without_spills(variant):
+    """At K = 144 a lane holds two pieces of each row along K: ``choose_launch`` gives a warp half the
+    rows (``4x8`` for the steps, ``8x8`` for verify on tensor cores at a large batch, ``4x4`` for few
+    rows), where the 16-row shapes of K <= 128 spill 50–700 bytes, and each family builds clean there
+    (verify of two built-ins aside: ``VERIFY_SPILLS_PAST_K128``, no more than that)."""
+    from replayssm_dsl.runtime.autotune import group_kernels
+    from replayssm_dsl.runtime.nvrtc_compile import compile_cubin
+    shape, config = ModelShape(32, 16, 128, 144), ReplayConfig()
+    program = lower(variants.get(variant), shape, config)
+    expected = {("replay", 256): "4x8", ("verify", 256): "8x8", ("replay", 1): "4x4"}
+    for (family, batch), label in expected.items():
+        launch = choose_launch(shape, batch, family, config)
+        assert launch.label == label, (family, batch, launch.label)
+        result = compile_cubin(render_program(program, launch, group_kernels(program, family)),
+                               f"{variant}-K144-{family}-{label}.cu")
+        assert result.resources and not result.warnings, result.log
+        for name, res in result.resources.items():
+            allowed = VERIFY_SPILLS_PAST_K128.get(variant, 0) if name == "verify" else 0
+            assert res.spill_stores <= allowed and res.spill_loads <= allowed, f"{family} at {label}: {name}: {res}"
+            assert res.clean or allowed, f"{family} at {label}: {name}: {res}"

@@ -383,3 +383,27 @@ def test_gpu_host_tensors_in_and_host_outputs_refused(name):
     out = cache.conventional_step([0, 1], toks, out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
     assert cache.buffers["state"].shape == (2, shape.heads, shape.v_dim, shape.k_dim)
     assert np.isfinite(to_host(out)).all(), "the conventional step from the zero state wrote no output"
+
+
+@pytest.mark.parametrize("label", [None, "4x8", "8x8"], ids=["small-batch-default", "4x8", "8x8"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_gpu_keys_longer_than_128_match_oracle(name, label):
+    """K = 144: each lane holds two pieces of every row along K (``key_chunks``), at the launch shapes
+    ``choose_launch`` takes there (``4x4`` for few rows, ``4x8`` for the steps and ``8x8`` for verify
+    at large batches), through steps, flushes, verify of 1–8 drafts and commits."""
+    from replayssm_dsl.lowering.launch import LaunchConfig
+    shape = ModelShape(2, 1, 128, 144)
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS[name], shape, ReplayConfig(window=16, max_drafts=8),
+                      np.random.default_rng(13), slots=3, tol=FP32_TOL,
+                      launch=LaunchConfig.from_label(label) if label else None)
+    twin.load([0, 1, 2])
+    for i in range(3):  # stagger the fills
+        for _ in range(i * 5):
+            twin.step([i])
+    for i in range(60):
+        twin.step([2, 0, 1])
+        if i % 9 == 0:
+            toks = twin.verify([0, 1, 2], [8, 3, 1 + i % 4])
+            twin.commit([0, 1, 2], toks, [i // 9, 3, 1])
+    twin.check_materialize([0, 1, 2])
+    assert twin.max_err <= FP32_TOL
