@@ -1,7 +1,7 @@
 """Lowering layer: records with decay-scaled keys, for decay vectors whose gate is bounded below.
 
 Every use of a past record i at token j needs ``(k_i ⊙ e^{G_j − G_i})`` channel by channel
-(docs/design.md, "Replay identity"). That factors as ``(e^{C − G_i} ⊙ k_i) ⊙ e^{G_j − C}``, so a
+(docs/design.md, "The recurrence"). That factors as ``(e^{C − G_i} ⊙ k_i) ⊙ e^{G_j − C}``, so a
 record may keep the scaled key ``k̃_i = e^{C − G_i} ⊙ k_i`` (one per value head): a kernel then
 reads the records' keys and only the newest record's cumulative decay ``G_{n−1}``, not every
 record's (the records still store each ``G_i``, so a commit of any draft count finds its own), and
