@@ -311,3 +311,31 @@ SlotPoolMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestSlotPoolStateful = SlotPoolMachine.TestCase
+
+
+def test_commit_of_no_drafts_after_a_copy_on_write_flush_moves_the_slot():
+    """A verify that folds a shared page writes the fold to a fresh page; committing 0 of its drafts
+    must still move the slot there (the fold happened) and release its hold on the shared page. The
+    state machine reaches this only in rare runs, so it is pinned here for both pools."""
+    window, max_drafts = 4, 4
+    for Pool in (SlotPool, PySlotPool):
+        pool = Pool(4, 8, window, max_drafts)
+        parent = pool.allocate()
+        for _ in range(window - 1):  # fills 1, 2, 3: no flush
+            pool.build_step(np.array([parent], np.int32), 1)
+            pool.report_step()
+        pool.build_verify(np.array([parent], np.int32), np.array([2], np.int32), 1)
+        pool.commit(np.array([2], np.int32))  # fill 5: a verify of 4 drafts must fold first
+        child = pool.fork(parent)
+        shared, free_before = pool.page_of(parent), pool.free_page_count()
+        assert pool.refcount_of(shared) == 2 and pool.fill_of(child) == 5
+        slot, src, dst, _ = pool.build_verify(np.array([parent], np.int32), np.array([4], np.int32), 1)
+        assert buffer_rules.verify_flushes(5, 4, window, max_drafts)
+        assert int(src[0]) == shared and int(dst[0]) != shared, f"{Pool.__name__}: folded in place"
+        pool.commit(np.array([0], np.int32))
+        name = Pool.__name__
+        assert pool.page_of(parent) == int(dst[0]), f"{name}: the slot stayed on the shared page"
+        assert pool.fill_of(parent) == 0, f"{name}: the fold left fill {pool.fill_of(parent)}"
+        assert pool.refcount_of(shared) == 1 and pool.refcount_of(int(dst[0])) == 1, name
+        assert pool.page_of(child) == shared and pool.fill_of(child) == 5, f"{name}: the fork moved"
+        assert pool.free_page_count() == free_before - 1, f"{name}: a page leaked"

@@ -72,15 +72,33 @@ def test_accepted_past_drafts_or_negative_keeps_the_fill():
         cache.commit([0])
 
 
-def test_a_fill_past_capacity_touches_nothing():
-    cache, rng = _loaded("kda", 6)
-    cache.buffers["fill"][0] = CONFIG.capacity + 1  # a corrupted fill: no kernel writes one
+UNHELD_FILLS = (CONFIG.capacity + 1, -1, -2**31)  # corrupted fills: no kernel writes one
+
+
+@pytest.mark.parametrize("fill", UNHELD_FILLS)
+@pytest.mark.parametrize("name", ["gdn", "kda", "mamba2"])
+def test_a_fill_outside_the_buffer_touches_nothing(name, fill):
+    """Every kernel that reads the fill skips a row whose fill is past capacity or negative."""
+    cache, rng = _loaded(name, 6)
+    cache.buffers["fill"][0] = fill
     before = buffers_snapshot(cache)
     toks = {k: v[:, None] for k, v in random_tokens(cache.decl, SHAPE, rng, (1,)).items()}
     out = cache.poisoned((1, 1, SHAPE.heads, SHAPE.v_dim))
     cache._launch("replay_step", 1, _batch(0, 0, 0), toks, out=out)
-    assert_buffers_kept(np, cache, before, "step at a fill past capacity")
-    assert np.isnan(out).all()
+    assert_buffers_kept(np, cache, before, f"step at fill {fill}")
+    assert np.isnan(out).all(), f"the step at fill {fill} wrote its output"
+    cache._launch("flush", 1, _batch(0, 0, 0))
+    assert_buffers_kept(np, cache, before, f"flush at fill {fill}")
+    state = cache.poisoned((1, SHAPE.heads, SHAPE.v_dim, SHAPE.k_dim))
+    cache._launch("materialize", 1, _batch(0, 0, 0), materialized=state)
+    assert np.isnan(state).all(), f"materialize at fill {fill} wrote a state"
+    drafts = random_tokens(cache.decl, SHAPE, rng, (1, 2))
+    out = cache.poisoned((1, 2, SHAPE.heads, SHAPE.v_dim))
+    batch = _batch(0, 0, 0, drafts=2, accepted=1)
+    for kernel, kwargs in (("flush_for_verify", {}), ("verify", {"out": out}), ("commit", {})):
+        cache._launch(kernel, 1, batch, drafts if kernel == "verify" else None, t_tok=2, **kwargs)
+        assert_buffers_kept(np, cache, before, f"{kernel} at fill {fill}")
+    assert np.isnan(out).all(), f"verify at fill {fill} wrote its output"
 
 
 def test_load_resets_a_fill_past_capacity():
