@@ -67,7 +67,13 @@ def test_mamba1_style_v_by_k_decay_is_refused_as_state_sized_records():
     lambda r: -ops.exp(r.param("A_log")) * r.token("g"),      # Mamba-2 without the softplus
     lambda r: r.param("log_gamma", sign="nonnegative"),       # declared the wrong way round
     lambda r: ops.logsigmoid(r.token("g")) * -1.0,            # sign flipped by a constant
-], ids=["token", "exp", "neg-log-sigmoid", "sum-with-any", "no-softplus", "nonneg-param", "flipped"])
+    lambda r: ops.silu(-ops.softplus(r.token("g")) - 2.0) + 0.2,  # silu's sup near 0 from below: up to 0.2
+    lambda r: ops.sqrt(ops.sigmoid(r.token("g")) * 0.25) - 0.3,   # sqrt lifts 0.25 to 0.5: up to 0.2
+    lambda r: -(r.token("g") ** 3),                           # an odd power keeps the sign it had
+    lambda r: ops.log(ops.softplus(r.token("g"))),            # log of a value that may pass 1
+    lambda r: 0.5 - ops.sigmoid(r.token("g")),                # a reflected subtraction that may pass 0
+], ids=["token", "exp", "neg-log-sigmoid", "sum-with-any", "no-softplus", "nonneg-param", "flipped",
+        "silu-shifted", "sqrt-shifted", "odd-power", "log-softplus", "reflected-sub"])
 def test_decay_whose_sign_cannot_be_proven_nonpositive(make):
     r = Recurrence("unsigned")
     q, k, v = _qkv(r)
@@ -83,7 +89,9 @@ def test_decay_whose_sign_cannot_be_proven_nonpositive(make):
     lambda r: -ops.softplus(r.token("g")) - ops.sigmoid(r.token("h")),
     lambda r: r.token("g", sign="nonpositive") * ops.sigmoid(r.token("h")),
     lambda r: ops.logsigmoid(r.token("g", size="K")),
-], ids=["gla", "mamba2", "retnet", "sum-of-nonpos", "signed-token", "vector"])
+    lambda r: 0.0 - ops.softplus(r.token("g")),               # a reflected subtraction, operands in order
+    lambda r: -(r.token("g") ** 2),                           # an even power is >= 0
+], ids=["gla", "mamba2", "retnet", "sum-of-nonpos", "signed-token", "vector", "reflected-sub", "even-power"])
 def test_decays_with_a_provable_sign_build(make):
     r = Recurrence("signed")
     q, k, v = _qkv(r)

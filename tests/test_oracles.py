@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.evaluate import evaluate_fields
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import HANDWRITTEN, plain_recurrence
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
@@ -110,6 +111,22 @@ def test_oracles_see_the_difference_between_variants():
     got_o, _ = plain_recurrence(dn, shape, {k: tokens[k] for k in ("q", "k", "v", "b")}, {}, state)
     with pytest.raises(AssertionError, match="relative error"):
         assert_close(got_o, want_o, TOL, "gdn vs deltanet")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if variants.get(n).decay is not None])
+def test_random_inputs_decay_the_state_visibly_but_not_away(name):
+    """The tests' random inputs keep each decaying built-in where its checkpoint matters: over one
+    window of 16 tokens the median channel's log-decay lies in [-60, -0.1] (neither forgotten nor
+    left undecayed, either of which would let a wrong fold or a wrong decay pass), and every channel
+    decays."""
+    shape = ModelShape(8, 4, 16, 32)
+    decl = variants.get(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    values = {**random_params(decl, shape, rng), **random_tokens(decl, shape, rng, (16,))}
+    window_log_decay = evaluate_fields(decl, values, shape)["decay"].sum(axis=0)  # [HV, 1 or K]
+    median = float(np.median(window_log_decay))
+    assert -60.0 <= median <= -0.1, f"{name}: median log-decay over 16 tokens {median:.4g}"
+    assert (window_log_decay < 0).all(), f"{name}: a channel that never decays"
 
 
 # -- CPU backend baselines against the oracles ------------------------------------------------------

@@ -28,6 +28,7 @@ from replayssm_dsl.lowering.record_keys import SHIFT_LIMIT, key_shift
 from replayssm_dsl.lowering.traffic import replay_step_amortized
 from replayssm_dsl.random_inputs import random_tokens
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+from replayssm_dsl.variants.kimi_delta import _kda
 from twin import ReplayTwin
 
 FP32_TOL = 2e-4
@@ -39,8 +40,10 @@ SAFE = variants.get("kda_safe_gate")
 def _expressions(x):
     """Random expressions over one input ``x`` (and constants), from the DSL's own ops."""
     consts = st.floats(-6, 6, allow_nan=False).map(lambda c: c + 0.0)
-    leaves = st.one_of(st.just(x), consts.map(lambda c: x * 0 + c))
-    unary = [ops.exp, ops.softplus, ops.sigmoid, ops.logsigmoid, ops.silu, lambda e: -e]
+    # (-softplus(x) + c: a range wholly below or above a unary op's turning point, e.g. silu's at -1.28)
+    leaves = st.one_of(st.just(x), consts.map(lambda c: x * 0 + c), consts.map(lambda c: c - ops.softplus(x)))
+    unary = [ops.exp, ops.softplus, ops.sigmoid, ops.logsigmoid, ops.silu, ops.sqrt, ops.log, lambda e: -e]
+    exponents = st.sampled_from([2, 3, -1, 0.5, 2.0])
 
     def extend(children):
         return st.one_of(
@@ -48,7 +51,13 @@ def _expressions(x):
             st.tuples(children, children).map(lambda p: p[0] + p[1]),
             st.tuples(children, children).map(lambda p: p[0] - p[1]),
             st.tuples(children, children).map(lambda p: p[0] * p[1]),
-            st.tuples(consts, children).map(lambda p: p[0] * p[1]))
+            st.tuples(children, children).map(lambda p: p[0] / p[1]),
+            st.tuples(children, children).map(lambda p: p[0] / (1.0 + ops.exp(p[1]))),
+            st.tuples(consts, children).map(lambda p: p[0] * p[1]),
+            st.tuples(consts, children).map(lambda p: p[0] - p[1]),  # reflected: float - Expr
+            st.tuples(consts.filter(lambda c: c != 0.0), children).map(lambda p: p[1] / p[0]),
+            st.tuples(consts, children).map(lambda p: p[0] / (1.0 + ops.exp(p[1]))),  # reflected division
+            st.tuples(children, exponents).map(lambda p: p[0] ** p[1]))
     return st.recursive(leaves, extend, max_leaves=6)
 
 
@@ -82,6 +91,10 @@ def test_the_gates_ranges():
     assert variants.get("deltanet").decay_lower_bound == 0.0
     assert value_range(ops.sigmoid(_X) * -5.0) == (-5.0, 0.0)
     assert value_range(ops.l2norm(_X)) == (-1.0, 1.0)
+    assert value_range(ops.sigmoid(_X) / 0.5) == (0.0, 2.0)  # division takes the divisor's reciprocal
+    assert value_range(ops.sigmoid(_X) / -0.1) == (-10.0, 0.0)
+    assert value_range(ops.silu(-ops.softplus(_X) - 2.0))[1] == 0.0  # silu's sup there is its limit at -inf
+    assert value_range(ops.sqrt(ops.sigmoid(_X) * 0.25)) == (0.0, 0.5)
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, 1.0, math.inf, -math.inf, math.nan, True, "-5"])
@@ -93,6 +106,12 @@ def test_a_safe_gate_needs_a_finite_negative_bound(bad):
 # --- when the lowering keeps scaled keys ------------------------------------------------------------
 
 
+def _divided_gate(divisor: float):
+    """KDA whose gate is bounded through a division: -sigmoid(e^{A_log} · x) / divisor."""
+    return _kda("kda_divided", "KDA with a divided gate",
+                lambda A_log, x: -ops.sigmoid(ops.exp(A_log) * x) / divisor)
+
+
 def test_scaled_keys_only_where_the_range_fits():
     assert key_shift(SAFE, ReplayConfig()) == -60.0  # capacity 24 · −5 / 2
     assert key_shift(SAFE, ReplayConfig(scaled_keys=False)) is None
@@ -101,6 +120,10 @@ def test_scaled_keys_only_where_the_range_fits():
     assert key_shift(variants.get("gdn"), ReplayConfig()) is None  # a scalar decay: nothing to scale
     wide = ReplayConfig(window=23, max_drafts=8)  # capacity 31: C = −77.5, past the limit
     assert -wide.capacity * 5 / 2 < -SHIFT_LIMIT and key_shift(SAFE, wide) is None
+    # A gate bounded through a division: -sigmoid(.) / 0.5 is in [-2, 0] (C = 24 · −2 / 2), / 0.1 in
+    # [-10, 0], whose C = −120 is past the limit.
+    assert key_shift(_divided_gate(0.5), ReplayConfig()) == -24.0
+    assert key_shift(_divided_gate(0.1), ReplayConfig()) is None
     bf16 = SAFE.with_token_dtype("bfloat16")
     assert key_shift(bf16, ReplayConfig(record_dtype="bfloat16")) is None  # records of raw bf16 inputs
     assert key_shift(bf16, ReplayConfig()) == -60.0
