@@ -73,9 +73,9 @@ class ReplayConfig:
     scaled_keys: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.window, int) or self.window < 1:
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
             raise ConfigError(f"window: must be an int >= 1, got {self.window!r}")
-        if not isinstance(self.max_drafts, int) or not 1 <= self.max_drafts <= 8:
+        if not isinstance(self.max_drafts, int) or isinstance(self.max_drafts, bool) or not 1 <= self.max_drafts <= 8:
             raise ConfigError(f"max_drafts: must be an int in 1..8, got {self.max_drafts!r}")
         if self.window + self.max_drafts > MAX_CAPACITY:
             raise ConfigError(f"window: window + max_drafts = {self.window + self.max_drafts} > {MAX_CAPACITY}: the "

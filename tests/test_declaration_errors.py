@@ -368,13 +368,13 @@ def test_raw_record_fields_take_one_order_and_need_bf16_records():
         ReplayConfig(raw_record_fields=("key",))
 
 
-@pytest.mark.parametrize("drafts", [0, 9, -1, 100, 2.0, None])
+@pytest.mark.parametrize("drafts", [0, 9, -1, 100, 2.0, None, True])
 def test_max_drafts_out_of_range(drafts):
     with raises(ConfigError, "max_drafts:", "1..8"):
         ReplayConfig(max_drafts=drafts)
 
 
-@pytest.mark.parametrize("window", [0, -3, 1.5, None, "16"])
+@pytest.mark.parametrize("window", [0, -3, 1.5, None, "16", True])
 def test_window_below_one(window):
     with raises(ConfigError, "window:", ">= 1"):
         ReplayConfig(window=window)
