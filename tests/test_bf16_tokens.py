@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl import ModelShape, Recurrence, ReplayConfig, delta, ops, variants
 from replayssm_dsl.bfloat16 import bfloat16_bits, from_bfloat16_bits, round_to_bfloat16
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.errors import DeclarationError, InputError
@@ -229,6 +229,41 @@ def test_records_keep_a_bf16_tokens_bits_where_a_field_is_computed_from_it_alone
     assert raw_record_inputs(bf16(name, [value]), RAW) == {}  # the key's and decay's inputs still float32
     assert raw_record_inputs(bf16(name), CONFIG) == {}  # float32 records unless asked
     assert "stage_bf16_records(sh_" not in render_program(lower(bf16(name), SHAPE, CONFIG))
+
+
+def _group_level_decay():
+    """KDA whose decay vector comes from a bf16 input per key group, stored per value head (H < HV)."""
+    r = Recurrence("group_gate")
+    q, k = r.token("q", per="group", size="K"), r.token("k", per="group", size="K")
+    v, b, g = r.token("v", size="V"), r.token("b"), r.token("g", per="group", size="K", dtype="bfloat16")
+    return r.build(decay=ops.logsigmoid(g) / 8.0, key=ops.l2norm(k), query=ops.l2norm(q) * r.K ** -0.5,
+                   write=delta(value=v, beta=ops.sigmoid(b)))
+
+
+def _key_of_two_inputs():
+    """A key computed from two bf16 K inputs: no one input's bits make it."""
+    r = Recurrence("gated_key")
+    q, k = r.token("q", per="group", size="K"), r.token("k", per="group", size="K", dtype="bfloat16")
+    z = r.token("z", per="group", size="K", dtype="bfloat16")
+    v, a, b = r.token("v", size="V"), r.token("a"), r.token("b")
+    return r.build(decay=-ops.softplus(a), key=ops.l2norm(k * ops.sigmoid(z)), query=ops.l2norm(q),
+                   write=delta(value=v, beta=ops.sigmoid(b)))
+
+
+@pytest.mark.parametrize("make", [_group_level_decay, _key_of_two_inputs], ids=["group-level-decay", "key-of-two"])
+def test_fields_no_single_input_holds_stay_float32_and_match_the_recurrence(make):
+    """A decay input at another level than the records keep it, or a key read from two inputs, cannot
+    be recorded as one input's bits: those fields stay float32 with bf16 records asked for, and the
+    CPU backend runs the declaration through steps, folds, verify and commit."""
+    decl = make()
+    assert raw_record_inputs(decl, RAW) == {}
+    twin = ReplayTwin(CpuReplayCache, decl, SHAPE, RAW, np.random.default_rng(5), slots=2, tol=1e-9)
+    twin.load([0, 1])
+    for i in range(10):
+        twin.step([0, 1])
+        if i % 4 == 3:
+            twin.commit([1, 0], twin.verify([1, 0], [3, 2]), [2, 1])
+    twin.check_materialize([0, 1])
 
 
 @pytest.mark.parametrize("fields,raw", [(("key",), {"key": "k"}), (("decay",), {"decay": "g_raw"}),

@@ -30,6 +30,13 @@ def test_the_manifest_says_which_record_fields_are_bf16_token_bits(tmp_path, fie
     assert dtypes["rec_decay"] == ("bf16 (raw bits)" if "decay" in raw else "float")
 
 
+def test_the_manifest_states_the_sizes_the_kernels_were_built_for(tmp_path):
+    shape, config = ModelShape(8, 2, 32, 16), ReplayConfig(window=12, max_drafts=4)
+    _, _, meta = write_standalone(lower(variants.get("gdn"), shape, config), tmp_path)
+    assert json.loads(meta.read_text())["sizes"] == {"HV": 8, "H": 2, "V": 32, "K": 16, "L": 12, "T": 4,
+                                                       "cap": config.capacity}
+
+
 def test_export_writes_source_header_and_manifest(tmp_path):
     program = lower(variants.get("kda"), PRESETS["kimi-linear"].shape, ReplayConfig())
     source, header, meta = write_standalone(program, tmp_path)

@@ -194,3 +194,13 @@ def test_amortised_step_matches_formula_for_any_declaration_and_dtype(variant, s
     assert kernel_traffic(program, "conventional_step", 0).total == 2 * E * s == f["conventional"]
     assert replay_step_amortized(program).total == pytest.approx(f["replay_amortized"], rel=1e-12)
     assert kernel_traffic(program, "replay_step", window - 1).total == pytest.approx(f["replay_flush"], rel=1e-12)
+
+
+def test_bf16_tokens_are_charged_two_bytes(preset_program):
+    preset, program = preset_program
+    decl = variants.get(preset.variant).with_token_dtype("bfloat16")
+    bf16 = lower(decl, preset.shape, ReplayConfig(window=L))
+    for kernel, drafts in (("replay_step", 1), ("verify", 8), ("conventional_step", 1)):
+        want = kernel_traffic(program, kernel, 3, drafts).token_read / 2
+        assert kernel_traffic(bf16, kernel, 3, drafts).token_read == pytest.approx(want), kernel
+    assert verify_mixed(bf16, 8).token_read == pytest.approx(verify_mixed(program, 8).token_read / 2)

@@ -1,0 +1,38 @@
+"""Lowering layer tests, without a GPU: the grid covers every row of V exactly once per head, for every
+launch shape the autotuner may pick and the default's, and the default keeps a warp's rows within what
+its registers hold past K = 128.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from replayssm_dsl import ModelShape, ReplayConfig, variants
+from replayssm_dsl.config import PRESETS
+from replayssm_dsl.lowering import lower
+from replayssm_dsl.lowering.launch import choose_launch, grid_of, key_chunks, v_tiles
+from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
+
+SHAPES = [p.shape for p in PRESETS.values()] + [ModelShape(4, 2, v, 64) for v in (60, 63, 66, 100, 8, 1)]
+LAUNCHES = sorted({launch for group in GROUP_EXTRAS for launch in candidates(group)}, key=lambda c: c.label)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"V{s.v_dim}-K{s.k_dim}")
+def test_v_tiles_cover_v_and_no_tile_lies_wholly_past_it(shape):
+    program = lower(variants.get("gdn"), shape, ReplayConfig())
+    for launch in LAUNCHES + [choose_launch(shape, rows) for rows in (1, 8, 256)]:
+        tiles, rows = v_tiles(program, launch), launch.rows_per_cta
+        assert tiles * rows >= shape.v_dim, f"{launch.label}: {tiles} tiles of {rows} rows miss rows of V = {shape.v_dim}"
+        assert (tiles - 1) * rows < shape.v_dim, f"{launch.label}: a tile wholly past V = {shape.v_dim}"
+        (gx, gy, gz), _ = grid_of(program.kernel("replay_step"), program, launch, 5)
+        assert (gx, gy, gz) == (tiles, shape.heads, 5)
+
+
+@pytest.mark.parametrize("k_dim", [144, 192, 256])
+@pytest.mark.parametrize("rows", [1, 8, 64, 256, 512])
+def test_default_launches_past_k128_take_fewer_rows_per_warp(k_dim, rows):
+    shape = ModelShape(32, 16, 128, k_dim)
+    assert key_chunks(k_dim) == 2
+    for family in ("replay", "verify", "conventional"):
+        launch = choose_launch(shape, rows, family, ReplayConfig())
+        assert launch.rows_per_warp <= 8, f"{family} at K = {k_dim}, {rows} rows: {launch.label}"
