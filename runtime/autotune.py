@@ -27,6 +27,7 @@ from replayssm_dsl import knobs
 from replayssm_dsl.errors import LoweringError
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.record_keys import key_shift
 from replayssm_dsl.lowering.render_replay import shared_rows_refusal
 from replayssm_dsl.lowering.render_verify_mma import shared_fragments_refusal, tensor_core_scores, tensor_core_verify
 
@@ -173,7 +174,7 @@ def group_spills(local_memory: dict | None, group: str) -> bool:
     return local_memory is None or any(group_of(kernel) == family_of(group) for kernel in local_memory)
 
 
-TUNING_VERSION = 25
+TUNING_VERSION = 26
 """Part of every table key: raised when the generated kernels or the way a group is timed change, so
 that shapes tuned before are tuned again rather than read (2: ``flush_for_verify`` folds in chunks,
 the replay step is timed over whole rotations of L steps; 3: every timed launch waits behind a busy
@@ -193,12 +194,17 @@ with shared fragments; 21: and keeps them in dynamic shared memory, which lets `
 fields in registers), ``8x16/r80/s13/w`` and ``4x16/r96/s10``; 23: the fastest three of the first pass
 are timed again, interleaved, and the least median of those rounds is chosen; 24: verify of few drafts
 also times its finalists with their scores on CUDA cores, ``/c``; 25: verify of a scalar decay without
-a delta rule applies its drafts' decays to the state products' results, ``decay_in_products``)."""
+a delta rule applies its drafts' decays to the state products' results, ``decay_in_products``; 26: a
+key names the records' decay-scaled key shift where the lowering keeps scaled keys, so
+``scaled_keys=False`` tunes apart)."""
 
 
 def table_key(program, rows: int, group: str = "replay") -> str:
     s, c = program.shape, program.config
     records = c.record_dtype if c.record_dtype == "float32" else f"{c.record_dtype}:{'+'.join(c.raw_record_fields)}"
+    shift = key_shift(program.declaration, c)  # records of decay-scaled keys render other kernels
+    if shift is not None:
+        records += f":scaled{shift:g}"
     return (f"v{TUNING_VERSION}|{program.declaration.fingerprint}|{s.heads},{s.key_heads},{s.v_dim},{s.k_dim}|"
             f"{c.window},{c.max_drafts},{c.state_dtype},{records}|{rows}" + ("" if group == "replay" else f"|{group}"))
 
@@ -206,9 +212,10 @@ def table_key(program, rows: int, group: str = "replay") -> str:
 def load_table() -> dict:
     path = knobs.autotune_cache()
     try:
-        return json.loads(path.read_text())
+        table = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return table if isinstance(table, dict) else {}  # valid JSON that is no table: no entry either
 
 
 def lookup(program, rows: int, group: str = "replay") -> LaunchConfig | None:

@@ -16,6 +16,7 @@ from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig
+from replayssm_dsl.lowering.render_cuda import render_program
 from replayssm_dsl.runtime import autotune
 
 
@@ -41,6 +42,29 @@ def test_the_table_key_tells_record_settings_apart():
     assert len(keys) == 4
     both_ways = ReplayConfig(record_dtype="bfloat16", raw_record_fields=("decay", "key"))
     assert autotune.table_key(lower(decl, shape, both_ways), 256) in keys
+
+
+KEYED_CONFIGS = [ReplayConfig(), ReplayConfig(scaled_keys=False), ReplayConfig(window=8), ReplayConfig(max_drafts=4),
+                 ReplayConfig(state_dtype="float16"), ReplayConfig(state_dtype="bfloat16"),
+                 ReplayConfig(record_dtype="bfloat16"), ReplayConfig(record_dtype="bfloat16", raw_record_fields=("key",))]
+
+
+@pytest.mark.parametrize("name", sorted(variants.BUILTINS))
+def test_programs_that_render_apart_tune_apart(name):
+    """Wherever two configurations, shapes or token dtypes render other CUDA, their table keys differ
+    (an entry tuned for one is never read for the other); the same source may share a key."""
+    shapes = [ModelShape(8, 2, 64, 64), ModelShape(8, 4, 64, 64), ModelShape(8, 2, 64, 32)]
+    source_of: dict[str, str] = {}  # key -> the source first rendered under it
+    for decl in (variants.get(name), variants.get(name).with_token_dtype("bfloat16")):
+        for shape in shapes:
+            for config in KEYED_CONFIGS:
+                program = lower(decl, shape, config)
+                source, key = render_program(program), autotune.table_key(program, 256)
+                assert source_of.setdefault(key, source) == source, \
+                    f"{name}: {config} at {shape} renders other CUDA under the key {key}"
+    other = lower(variants.get("mamba2" if name != "mamba2" else "gdn"), shapes[0], ReplayConfig())
+    assert autotune.table_key(other, 256) not in source_of
+    assert len({autotune.table_key(other, 256, g) for g in autotune.GROUPS}) == len(autotune.GROUPS)
 
 
 def test_verify_of_few_drafts_has_its_own_group(program):
@@ -83,9 +107,10 @@ def test_a_missing_or_broken_table_means_no_entry(program, tmp_path, monkeypatch
     monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(tmp_path / "absent.json"))
     assert autotune.lookup(program, 256) is None
     broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
     monkeypatch.setenv("REPLAYSSM_AUTOTUNE_CACHE", str(broken))
-    assert autotune.lookup(program, 256) is None
+    for text in ("{not json", "[1, 2]", "null", "7"):  # not JSON, or JSON that is no table
+        broken.write_text(text)
+        assert autotune.lookup(program, 256) is None, text
 
 
 def test_group_options_are_tried_in_their_group_only():
