@@ -15,7 +15,7 @@ import pytest
 from busy_cache import CONFIG, PAGES, SHAPE, SLOTS, Busy, slot_ops, refused
 from replayssm_dsl import variants
 from replayssm_dsl.errors import ConfigError, InputError
-from replayssm_dsl.random_inputs import random_params, random_state
+from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
 from twin import assert_close, buffers_snapshot
@@ -249,3 +249,23 @@ def test_numpy_counts_are_taken_and_bools_are_not():
     assert (cache.num_slots, cache.num_pages) == (4, 6) and type(cache.num_slots) is int
     with pytest.raises(ConfigError, match=r"pages: must be an int >= slots=4, got True"):
         CpuReplayCache(decl, SHAPE, CONFIG, slots=4, params={}, pages=True)
+
+
+def test_a_load_onto_swapped_pages_is_no_clash():
+    """A load reads no page, so two rows writing each other's default pages clash with nothing."""
+    decl, rng = variants.get("gdn"), np.random.default_rng(8)
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=2, pages=4, params=random_params(decl, SHAPE, rng))
+    states = random_state(SHAPE, rng, (2,))
+    cache.load([0, 1], states, dst_pages=[1, 0])
+    assert_close(cache.materialize([0, 1], src_pages=[1, 0]), states, 1e-12, "the loaded states, by their pages")
+
+
+def test_padding_rows_of_a_verify_take_no_drafts():
+    """A padding row (slot -1) of a verify may carry any draft count: it is zeroed, not checked."""
+    decl, rng = variants.get("gdn"), np.random.default_rng(9)
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=2, params=random_params(decl, SHAPE, rng))
+    cache.load([0, 1], random_state(SHAPE, rng, (2,)))
+    out = cache.verify([0, -1], random_tokens(decl, SHAPE, rng, (2, 2)), [2, 7])
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+    assert cache.pending_verify["drafts"].tolist() == [2, 0]
+    cache.commit([1, 0])

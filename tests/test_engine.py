@@ -178,3 +178,23 @@ def test_engine_refuses_a_bad_batch_naming_its_argument(call, fragment):
     with pytest.raises(InputError, match=re.escape(fragment)):
         call(engine, slot, random_tokens(decl, shape, rng, (1,)))
     assert pool_view(engine) == before and np.array_equal(engine.cache.fills(), fills)
+
+
+def test_accept_checks_its_count_and_takes_one_verify_once():
+    """``accept`` with more counts than the verify had requests, or with no verify pending, is refused
+    naming it; the engine then accepts the right count as if nothing had happened."""
+    decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 8, 8), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(4)
+    engine = ReplayEngine(CpuReplayCache, decl, shape, config, slots=2, params=random_params(decl, shape, rng))
+    slots = [engine.add(random_state(shape, rng)) for _ in range(2)]
+    with pytest.raises(InputError, match="accept: no verify to accept"):
+        engine.accept([0, 0])
+    engine.verify(slots, random_tokens(decl, shape, rng, (2, 2)), [2, 2])
+    before, fills = pool_view(engine), engine.cache.fills()
+    with pytest.raises(InputError, match=r"accepted: length 3"):
+        engine.accept([0, 0, 0])
+    assert pool_view(engine) == before and np.array_equal(engine.cache.fills(), fills)
+    engine.accept([1, 2])
+    assert engine.cache.fills()[slots].tolist() == [1, 2]
+    with pytest.raises(InputError, match="accept: no verify to accept"):
+        engine.accept([1, 2])
