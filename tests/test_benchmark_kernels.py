@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from replayssm_dsl.runtime import cli
-from replayssm_dsl.runtime.benchmark import COLUMNS, KERNELS, markdown, parse_kernels
+from replayssm_dsl.runtime.benchmark import COLUMNS, KERNELS, RATIOS, markdown, parse_kernels
 
 
 def test_default_kernels_are_all_of_them():
@@ -39,6 +39,22 @@ def test_table_of_a_subset_leaves_what_was_not_timed_out():
     ratios = cells[len(COLUMNS):]
     assert float(ratios[4]) == pytest.approx(row["verify_T8"] / row["conventional_step"], abs=6e-3)
     assert all(x == "n/a" for i, x in enumerate(ratios) if i != 4)  # a ratio of a kernel not timed
+
+
+def test_every_ratio_column_divides_its_own_pair():
+    """Each timed field gets a distinct random time, so a ratio column that divides the wrong pair (or
+    the right pair the wrong way round) reads another number."""
+    rng = np.random.default_rng()
+    row = {"preset": "qwen3.5-4b", "variant": "gdn", "B": 256, "launch": "4x8"}
+    row.update({key: float(rng.uniform(0.1, 10)) for _, key, fmt in COLUMNS if fmt == "{:.3f}"})
+    line = next(x for x in markdown([row]).splitlines() if x.startswith("| 256 "))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert len(cells) == len(COLUMNS) + len(RATIOS)
+    field_of = {column: key for column, key, _ in COLUMNS}
+    for (name, numerator, denominator), cell in zip(RATIOS, cells[len(COLUMNS):]):
+        assert float(cell) == pytest.approx(row[numerator] / row[denominator], abs=6e-3), name
+        head, _, tail = name.partition("/")
+        assert (field_of[head], field_of[tail]) == (numerator, denominator), f"{name} divides another pair"
 
 
 def test_no_plot_without_both_steps(tmp_path):
