@@ -59,6 +59,10 @@ def test_report_refuses_rows_timed_with_other_settings(tmp_path, capsys):
     assert "b.json: kimi-linear at B = 32 was timed with" in err and "'record_dtype': 'bfloat16'" in err
     same = [dict(r, token_dtype="float32", record_dtype="float32") for r in _rows(rng, ["kimi-linear"], [32])]
     assert cli.main(["report", a, _write(tmp_path, "c.json", same), "--out", str(tmp_path / "ok")]) == 0
+    both = [dict(r, record_dtype="bfloat16", raw_record_fields=["key", "decay"]) for r in _rows(rng, ["kimi-linear"], [8])]
+    d = _write(tmp_path, "d.json", both)  # bf16 records in both, but other raw fields
+    assert cli.main(["report", d, b, "--out", str(tmp_path / "fields")]) == 2
+    assert "'raw_record_fields': ['key']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("case", ["twice in one file", "empty file", "same file twice", "out overwrites an input"])

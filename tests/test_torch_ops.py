@@ -133,6 +133,17 @@ def test_state_of_another_cache_is_refused_naming_it():
     wrong = [torch.zeros(2, 3)] + list(a.state[1:])
     with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): expected \[3, 4, 16, 32\] torch.float32"):
         torch.ops.replayssm.step(a.key, wrong, slot, slot, slot, toks)
+    with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): expected \[3, 4, 16, 32\] torch.float32 on cpu, got"):
+        torch.ops.replayssm.step(a.key, [a.state[0].double()] + list(a.state[1:]), slot, slot, slot, toks)
+    meta = torch.empty_like(a.state[0], device="meta")  # dispatches to the fake implementation
+    with pytest.raises(InputError, match=r"state\[0\]: on meta, but slot is on cpu"):
+        torch.ops.replayssm.step(a.key, [meta] + list(a.state[1:]), slot, slot, slot, toks)
+    with pytest.raises(InputError, match=r"src_page: on meta, but slot is on cpu"):
+        torch.ops.replayssm.step(a.key, a.state, slot, slot.to("meta"), slot, toks)
+    on_meta = [t.to("meta") for t in a.state]  # all on meta (shape inference): shapes only
+    out = torch.ops.replayssm.step(a.key, on_meta, slot.to("meta"), slot.to("meta"), slot.to("meta"),
+                                   [t.to("meta") for t in toks])
+    assert out.device.type == "meta" and tuple(out.shape) == (2, SHAPE.heads, SHAPE.v_dim)
     strided = [torch.zeros(3, 4, 32, 16).transpose(-1, -2)] + list(a.state[1:])  # the right shape, not contiguous
     with pytest.raises(InputError, match=r"state\[0\] \(checkpoint\): must be contiguous"):
         torch.ops.replayssm.step(a.key, strided, slot, slot, slot, toks)
