@@ -120,6 +120,20 @@ def test_speculative_generation_refuses_wrong_use():
             speculative_generate(model, ids, NgramDrafter(), 8)
 
 
+def test_a_round_that_bypasses_verify_is_refused_and_forgotten():
+    """``end_verify`` after a round in which no recurrent layer went through the replay verify (the
+    model took another path) raises naming the count, and drops the round, so the next one can start."""
+    model, _ = MODELS["mamba2"]()
+    with replay_decoding(model) as layers:
+        assert layers.recurrent_layers > 0
+        layers.begin_verify(4)
+        with pytest.raises(RuntimeError, match=f"verify: 0 of {layers.recurrent_layers} recurrent layers"):
+            layers.end_verify()
+        assert layers.pending == [] and layers.verifying == 0
+        layers.begin_verify(4)  # not refused as an uncommitted round
+        assert layers.verifying == 4
+
+
 def test_a_missing_function_of_the_model_module_is_named(monkeypatch):
     from transformers.models.qwen3_next import modeling_qwen3_next
     model, _ = MODELS["qwen3_next"]()
