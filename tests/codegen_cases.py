@@ -1,5 +1,5 @@
 """Test helper (no tests): the shapes, launches and kernel names that the generated-CUDA tests share,
-and the source of one built-in at one of those shapes."""
+the launch shapes the autotuner may pick, and the source of one built-in at one of those shapes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from replayssm_dsl.config import DESIGN_PRESETS, PRESETS
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch
 from replayssm_dsl.lowering.render_cuda import render_program
+from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
 
 GOLDEN = Path(__file__).with_name("golden")
 SHAPES = {name: PRESETS[name].shape for name in DESIGN_PRESETS}  # (the safe-gate preset: Kimi's shape again)
@@ -24,6 +25,9 @@ def source(variant: str, shape: str, config=None, batch: int = 1) -> str:
     return render_program(lower(variants.get(variant), SHAPES[shape], config or ReplayConfig()),
                           choose_launch(SHAPES[shape], batch))
 
+
+TUNER_LAUNCHES = sorted({launch for group in GROUP_EXTRAS for launch in candidates(group)}, key=lambda c: c.label)
+"""Every launch shape the autotuner may time, in any group, once."""
 
 SHARED_ROW_LAUNCHES = [LaunchConfig(4, 16, max_registers=96, shared_rows=8), LaunchConfig(4, 20, max_registers=96, shared_rows=10),
                        LaunchConfig(4, 10, max_registers=64, shared_rows=4)]

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import pytest
 
+from codegen_cases import TUNER_LAUNCHES
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering import lower
 from replayssm_dsl.lowering.launch import choose_launch, grid_of, key_chunks, v_tiles
-from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
 
 SHAPES = [p.shape for p in PRESETS.values()] + [ModelShape(4, 2, v, 64) for v in (60, 63, 66, 100, 8, 1)]
-LAUNCHES = sorted({launch for group in GROUP_EXTRAS for launch in candidates(group)}, key=lambda c: c.label)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"V{s.v_dim}-K{s.k_dim}")
 def test_v_tiles_cover_v_and_no_tile_lies_wholly_past_it(shape):
     program = lower(variants.get("gdn"), shape, ReplayConfig())
-    for launch in LAUNCHES + [choose_launch(shape, rows) for rows in (1, 8, 256)]:
+    for launch in TUNER_LAUNCHES + [choose_launch(shape, rows) for rows in (1, 8, 256)]:
         tiles, rows = v_tiles(program, launch), launch.rows_per_cta
         assert tiles * rows >= shape.v_dim, f"{launch.label}: {tiles} tiles of {rows} rows miss rows of V = {shape.v_dim}"
         assert (tiles - 1) * rows < shape.v_dim, f"{launch.label}: a tile wholly past V = {shape.v_dim}"

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from codegen_cases import TUNER_LAUNCHES
 from replayssm_dsl import ModelShape
 from replayssm_dsl.config import PRESETS
 from replayssm_dsl.lowering.launch import write_record_layout
-from replayssm_dsl.runtime.autotune import GROUP_EXTRAS, candidates
 
 # V = 66 and 63 take 2- and 1-float chunks at every launch shape
 SHAPES = [p.shape for p in PRESETS.values()] + [ModelShape(6, 2, 80, 96), ModelShape(3, 1, 60, 100),
                                                  ModelShape(4, 2, 66, 64), ModelShape(4, 2, 63, 64)]
-LAUNCHES = sorted({launch for group in GROUP_EXTRAS for launch in candidates(group)}, key=lambda c: c.label)
 BANKS, LANES = 32, 32
 
 
@@ -39,7 +38,7 @@ def banks_in_conflict(vec: int, pitch: int, column: int, records: int) -> list[t
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"V{s.v_dim}")
-@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda c: c.label)
+@pytest.mark.parametrize("launch", TUNER_LAUNCHES, ids=lambda c: c.label)
 def test_write_records_chunks_are_aligned_and_loads_conflict_free(launch, shape):
     rows, cta_rows = launch.rows_per_warp, launch.rows_per_cta
     vec, pitch = write_record_layout(rows, cta_rows, shape.v_dim)
