@@ -173,12 +173,13 @@ def _named(c: TorchReplayCache, tokens) -> dict:
     return {name: t.contiguous() if c.device.type == "cuda" else host(t) for name, t in zip(c.token_names, tokens)}
 
 
-def _fake_devices_agree(slot: torch.Tensor, state: list, **others) -> None:
+def _fake_devices_agree(slot: torch.Tensor, state: list, tokens: list = (), **others) -> None:
     """Fake implementations serve torch.compile's fake tensors and the meta device. A real ``slot`` with
-    a meta tensor among the state or index tensors dispatches here too, and would return an empty real
-    tensor as if computed: refuse it, naming the tensor (all on meta, shape inference, is fine). The
+    a meta tensor among the state, index or token tensors dispatches here too, and would return an empty
+    real tensor as if computed: refuse it, naming the tensor (all on meta, shape inference, is fine). The
     real implementations need these tensors on the cache's device anyway (``_bind``, ``_check_index``)."""
-    named = [(f"state[{i}]", t) for i, t in enumerate(state)] + [(n, t) for n, t in others.items()]
+    named = ([(f"state[{i}]", t) for i, t in enumerate(state)] + [(f"tokens[{i}]", t) for i, t in enumerate(tokens)]
+             + [(n, t) for n, t in others.items()])
     for name, t in named:
         if t.device.type != slot.device.type:
             raise InputError(f"{name}: on {t.device.type}, but slot is on {slot.device.type}; pass every tensor "
@@ -206,7 +207,7 @@ def step(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: torc
 
 @step.register_fake
 def _(key, state, slot, src_page, dst_page, tokens):
-    _fake_devices_agree(slot, state, src_page=src_page, dst_page=dst_page)
+    _fake_devices_agree(slot, state, tokens, src_page=src_page, dst_page=dst_page)
     c = _CACHES[key]
     return slot.new_empty((slot.shape[0], c.shape.heads, c.shape.v_dim), dtype=torch.float32)
 
@@ -234,7 +235,7 @@ def verify(key: str, state: list[torch.Tensor], slot: torch.Tensor, src_page: to
 
 @verify.register_fake
 def _(key, state, slot, src_page, dst_page, drafts, tokens):
-    _fake_devices_agree(slot, state, src_page=src_page, dst_page=dst_page, drafts=drafts)
+    _fake_devices_agree(slot, state, tokens, src_page=src_page, dst_page=dst_page, drafts=drafts)
     c = _CACHES[key]
     return slot.new_empty((slot.shape[0], tokens[0].shape[1], c.shape.heads, c.shape.v_dim), dtype=torch.float32)
 

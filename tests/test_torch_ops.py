@@ -140,6 +140,13 @@ def test_state_of_another_cache_is_refused_naming_it():
         torch.ops.replayssm.step(a.key, [meta] + list(a.state[1:]), slot, slot, slot, toks)
     with pytest.raises(InputError, match=r"src_page: on meta, but slot is on cpu"):
         torch.ops.replayssm.step(a.key, a.state, slot, slot.to("meta"), slot, toks)
+    meta_token = [toks[0].to("meta")] + list(toks[1:])
+    with pytest.raises(InputError, match=r"tokens\[0\]: on meta, but slot is on cpu"):
+        torch.ops.replayssm.step(a.key, a.state, slot, slot, slot, meta_token)
+    with pytest.raises(InputError, match=r"tokens\[0\]: on meta, but slot is on cpu"):
+        torch.ops.replayssm.verify(a.key, a.state, slot, slot, slot, torch.ones_like(slot),
+                                   [t.unsqueeze(1) for t in meta_token])
+    assert a.fills().tolist()[:2] == [0, 0]  # nothing ran, and no verify is pending
     on_meta = [t.to("meta") for t in a.state]  # all on meta (shape inference): shapes only
     out = torch.ops.replayssm.step(a.key, on_meta, slot.to("meta"), slot.to("meta"), slot.to("meta"),
                                    [t.to("meta") for t in toks])
