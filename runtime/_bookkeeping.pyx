@@ -37,6 +37,16 @@ cdef inline int _check_int32_vector(object array, str name) except -1:
     return 0
 
 
+def _slot_number(slot, op: str) -> int:
+    """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
+    if isinstance(slot, (bool, np.bool_)):
+        raise InputError(f"{op}(): expected a slot number (int), got {slot!r}")
+    try:
+        return operator.index(slot)
+    except TypeError:
+        raise InputError(f"{op}(): expected a slot number (int), got {type(slot).__name__}") from None
+
+
 cdef int _check_output_buffer(object array, str name) except -1:
     _check_int32_vector(array, name)
     if not array.flags.c_contiguous or not array.flags.writeable:
@@ -388,7 +398,7 @@ cdef class SlotPool:
             self._free_page_count += 1
 
     cdef Py_ssize_t _check_live_slot(self, slot, str op) except -1:
-        slot = operator.index(slot)
+        slot = _slot_number(slot, op)
         if not 0 <= slot < self.slots:
             raise InputError(f"{op}(): slot {slot} is out of range [0, {self.slots})")
         if not self._allocated[<Py_ssize_t>slot]:

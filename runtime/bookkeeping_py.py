@@ -57,6 +57,16 @@ def _check_int32_vector(array, name: str) -> None:
         raise InputError(f"{name} must be a 1-D numpy int32 array, got shape {array.shape}")
 
 
+def _slot_number(slot, op: str) -> int:
+    """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
+    if isinstance(slot, (bool, np.bool_)):
+        raise InputError(f"{op}(): expected a slot number (int), got {slot!r}")
+    try:
+        return operator.index(slot)
+    except TypeError:
+        raise InputError(f"{op}(): expected a slot number (int), got {type(slot).__name__}") from None
+
+
 def _check_output_buffer(array, name: str) -> None:
     _check_int32_vector(array, name)
     if not array.flags.c_contiguous or not array.flags.writeable:
@@ -331,7 +341,7 @@ class PySlotPool:
             self._free_pages.append(page)
 
     def _check_live_slot(self, slot, op: str) -> int:
-        slot = operator.index(slot)
+        slot = _slot_number(slot, op)
         if not 0 <= slot < self._slots:
             raise InputError(f"{op}(): slot {slot} is out of range [0, {self._slots})")
         if not self._allocated[slot]:

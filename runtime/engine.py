@@ -84,7 +84,11 @@ class ReplayEngine:
     def fork(self, parent: int) -> int:
         """A child sharing the parent's checkpoint copy-on-write; its records are copied."""
         child = self.pool.fork(parent)
-        self.cache.copy_records(parent, child)
+        try:
+            self.cache.copy_records(parent, child)
+        except Exception:
+            self.pool.free(child)  # the cache refused the copy: the child and its share of the page go back
+            raise
         return child
 
     def finish(self, slot: int) -> None:

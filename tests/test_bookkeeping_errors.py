@@ -9,6 +9,7 @@ May import: NumPy, pytest, ``replayssm_dsl.errors``, ``replayssm_dsl.runtime.boo
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 import numpy as np
@@ -96,6 +97,18 @@ def test_slot_out_of_range(Pool):
     with pytest.raises(InputError, match=r"page 600 is out of range \[0, 600\)"):
         pool.refcount_of(600)
 
+
+@pytest.mark.parametrize("op", ["free", "fork", "page_of", "fill_of", "prepare_load"])
+@pytest.mark.parametrize("bad, shown", [(True, "True"), (np.bool_(False), "np.False_"), (1.0, "float"),
+                                        (None, "NoneType")])
+def test_a_slot_that_is_no_integer_is_refused(Pool, op, bad, shown):
+    """A bool is an int to Python (``operator.index(True) == 1``): taken as a slot, ``free(True)`` would
+    free slot 1 and ``fork(True)`` fork it. Bools and non-integers are refused, and nothing changes."""
+    pool = live_pool(Pool)
+    before = snapshot(pool)
+    with pytest.raises(InputError, match=re.escape(f"{op}(): expected a slot number (int), got {shown}")):
+        getattr(pool, op)(bad)
+    assert snapshot(pool) == before
 
 # -- batches -----------------------------------------------------------------------------------------
 def test_unknown_slot_in_batch(Pool):

@@ -180,6 +180,31 @@ def test_engine_refuses_a_bad_batch_naming_its_argument(call, fragment):
     assert pool_view(engine) == before and np.array_equal(engine.cache.fills(), fills)
 
 
+@pytest.mark.parametrize("pool_cls", [SlotPool, PySlotPool], ids=["cython", "python"])
+def test_a_fork_whose_copy_is_refused_gives_the_child_back(pool_cls, monkeypatch):
+    """``fork`` takes a child slot from the pool, then has the cache copy the parent's records: if the
+    cache refuses, the child and its share of the parent's page go back (no slot leaks, no page stays
+    shared), and the engine forks as before afterwards."""
+    decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 8, 8), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(6)
+    engine = ReplayEngine(CpuReplayCache, decl, shape, config, slots=3, params=random_params(decl, shape, rng),
+                          pool_cls=pool_cls)
+    parent = engine.add(random_state(shape, rng))
+    engine.step([parent], random_tokens(decl, shape, rng, (1,)))
+    before, refcount = pool_view(engine), engine.pool.refcount_of(engine.pool.page_of(parent))
+
+    def refuse(parent, child):
+        raise InputError("child: refused")
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.cache, "copy_records", refuse)
+        with pytest.raises(InputError, match="child: refused"):
+            engine.fork(parent)
+    assert pool_view(engine) == before
+    assert engine.pool.refcount_of(engine.pool.page_of(parent)) == refcount
+    child = engine.fork(parent)
+    got = engine.materialize([parent, child])
+    assert np.array_equal(got[0], got[1])
+
 def test_accept_checks_its_count_and_takes_one_verify_once():
     """``accept`` with more counts than the verify had requests, or with no verify pending, is refused
     naming it; the engine then accepts the right count as if nothing had happened."""
