@@ -35,6 +35,10 @@ def host_int_array(value, name: str) -> np.ndarray:
         raise InputError(f"{name}: expected a 1-D array of ints, got shape {tuple(arr.shape)}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if isinstance(value, (list, tuple)):  # NumPy reads [True, 2] as int64 [1, 2]: a bool is no index
+        flags = [i for i, v in enumerate(value) if isinstance(v, (bool, np.bool_))]
+        if flags:
+            raise InputError(f"{name}[{flags[0]}] = {bool(value[flags[0]])}: expected an int, got a bool")
     if arr.size:
         outside = np.flatnonzero((arr < INT32.min) | (arr > INT32.max))
         if outside.size:

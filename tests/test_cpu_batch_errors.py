@@ -114,6 +114,20 @@ def test_slots_beyond_int32_do_not_wrap_round(busy, slots, index):
         busy.cache.flush(slots)
 
 
+def test_a_bool_among_the_indices_is_no_index(busy):
+    """NumPy reads ``[True, 2]`` as the int64 array ``[1, 2]``: a bool in a list of slots, pages,
+    drafts or accepted counts would be served as row 1 or 0. It is refused, naming its place."""
+    with refused(busy.cache, InputError, "slots[0] = True: expected an int, got a bool"):
+        busy.cache.step([True, 2], busy.tokens(2))
+    with refused(busy.cache, InputError, "src_pages[1] = False: expected an int, got a bool"):
+        busy.cache.materialize((0, 1), src_pages=(0, np.bool_(False)))
+    with refused(busy.cache, InputError, "drafts[0] = True: expected an int, got a bool"):
+        busy.cache.verify([0, 1], busy.tokens(2, 2), [True, 2])
+    busy.cache.verify([0, 1], busy.tokens(2, 2), [2, 2])
+    with refused(busy.cache, InputError, "accepted[1] = True: expected an int, got a bool"):
+        busy.cache.commit([0, True])
+    busy.cache.commit([0, 1])
+
 def test_pages_drafts_and_accepted_beyond_int32_do_not_wrap_round(busy):
     with refused(busy.cache, InputError, f"src_pages[0] = {2**32 + 5} does not fit in int32"):
         busy.cache.materialize([0], src_pages=[2**32 + 5])
