@@ -87,7 +87,7 @@ class ReplayCacheBase:
         for spec in self._declared("param", params):
             value = params[spec.name]
             if not hasattr(value, "__cuda_array_interface__"):
-                value = np.asarray(value)
+                value = readable_host_array(value, f"params[{spec.name!r}]")  # a CPU torch tensor's values
                 if value.dtype.kind not in "iuf":
                     raise InputError(f"params[{spec.name!r}]: dtype {value.dtype} not accepted; "
                                      "use real numbers (float or int)")

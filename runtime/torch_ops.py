@@ -56,7 +56,8 @@ class TorchReplayCache:
 
     def __init__(self, decl, shape, config, *, slots: int, params: dict, device="cpu", pages: int | None = None):
         device = torch.device(device)
-        params = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+        # host tensors as they are: the cache reads their values (bf16, requires_grad) and names a meta one
+        params = {k: (v.cpu() if isinstance(v, torch.Tensor) and v.is_cuda else v) for k, v in params.items()}
         if device.type == "cuda":
             from .cuda_cache import CudaReplayCache
             self.cache = CudaReplayCache(decl, shape, config, slots=slots, params=params, pages=pages)

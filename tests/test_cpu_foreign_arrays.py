@@ -110,3 +110,23 @@ def test_torch_tensors_that_record_gradients_are_read_by_their_values():
     one.cache.commit([2, 1])
     other.cache.commit([2, 1])
     np.testing.assert_array_equal(one.cache.materialize([0, 1, 2, 3]), other.cache.materialize([0, 1, 2, 3]))
+
+
+@pytest.mark.parametrize("as_tensor", [
+    lambda torch, v: torch.tensor(v, dtype=torch.float64, requires_grad=True),
+    lambda torch, v: torch.tensor(v, dtype=torch.bfloat16),
+], ids=["requires_grad", "bfloat16"])
+def test_torch_params_are_read_by_their_values(as_tensor):
+    """Params given as CPU torch tensors (recording gradients, or bf16, which NumPy cannot hold) build
+    the cache that their values, as NumPy float64, build: the same outputs bit for bit. One on the
+    meta device is refused naming it."""
+    torch = pytest.importorskip("torch")
+    busy = Busy(seed=5)
+    given = {k: as_tensor(torch, v) for k, v in busy.params.items()}
+    values = {k: t.detach().double().numpy() for k, t in given.items()}
+    one, other = (CpuReplayCache(busy.decl, SHAPE, busy.config, slots=2, params=p) for p in (given, values))
+    toks = busy.tokens(2)
+    np.testing.assert_array_equal(one.step([0, 1], toks), other.step([0, 1], toks))
+    meta = {**given, "A_log": torch.empty(given["A_log"].shape, device="meta")}
+    with pytest.raises(InputError, match=r"params\['A_log'\]: its values cannot be read on the host"):
+        CpuReplayCache(busy.decl, SHAPE, busy.config, slots=2, params=meta)
