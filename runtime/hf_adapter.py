@@ -42,6 +42,7 @@ from replayssm_dsl import ModelShape, Recurrence, ReplayConfig, delta, ops
 from replayssm_dsl.variants import mamba2
 
 from .torch_ops import TorchReplayCache
+from .validation import as_index
 
 SUPPORTED = ("Mamba2ForCausalLM", "Mamba2Model", "Qwen3NextForCausalLM", "KimiLinearForCausalLM")
 
@@ -384,6 +385,33 @@ class _ConvRollback:
             state.copy_(seen.gather(-1, index[:, None, :].expand(-1, seen.shape[1], -1)))
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_generate_args(vocab: int, input_ids, max_new_tokens, drafts, max_drafts, suppress_tokens) -> list:
+    """``speculative_generate``'s arguments, each refused naming it; the suppressed ids as a list."""
+    if not _is_int(drafts) or not 2 <= drafts <= max_drafts:
+        raise ValueError(f"drafts: tokens verified per round must be an int in 2..max_drafts={max_drafts} "
+                         f"(the certain token and at least one draft), got {drafts!r}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+    if input_ids.ndim != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"input_ids: expected [B, P] integer token ids, got {list(input_ids.shape)} {input_ids.dtype}")
+    if 0 in input_ids.shape:
+        raise ValueError(f"input_ids: expected at least one row and one prompt token, got {list(input_ids.shape)}")
+    if ((input_ids < 0) | (input_ids >= vocab)).any():
+        raise ValueError(f"input_ids: holds a token id outside the model's vocabulary [0, {vocab})")
+    suppress = [as_index(token) for token in suppress_tokens]
+    for i, token in enumerate(suppress):
+        if token is None or not 0 <= token < vocab:
+            raise ValueError(f"suppress_tokens[{i}]: expected a token id in [0, {vocab}), "
+                             f"got {list(suppress_tokens)[i]!r}")
+    if len(set(suppress)) == vocab:
+        raise ValueError(f"suppress_tokens: suppresses all {vocab} token ids, leaving none to choose")
+    return suppress
+
+
 def speculative_generate(model, input_ids: torch.Tensor, drafter, max_new_tokens: int, drafts: int = 4,
                          window: int = 16, max_drafts: int = 8, suppress_tokens=()) -> SpeculativeResult:
     """Greedy generation of ``max_new_tokens`` per row with speculative rounds through replay caches.
@@ -397,13 +425,8 @@ def speculative_generate(model, input_ids: torch.Tensor, drafter, max_new_tokens
     name = type(model).__name__
     if not name.endswith("ForCausalLM"):
         raise ValueError(f"model: speculative_generate needs a ...ForCausalLM (logits); got {name}")
-    if not isinstance(drafts, int) or not 2 <= drafts <= max_drafts:
-        raise ValueError(f"drafts: tokens verified per round must be an int in 2..max_drafts={max_drafts} "
-                         f"(the certain token and at least one draft), got {drafts!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
-    if input_ids.ndim != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"input_ids: expected [B, P] integer token ids, got {list(input_ids.shape)} {input_ids.dtype}")
+    suppress_tokens = _check_generate_args(model.config.vocab_size, input_ids, max_new_tokens, drafts, max_drafts,
+                                           suppress_tokens)
     from transformers import DynamicCache
 
     device = input_ids.device
@@ -412,7 +435,7 @@ def speculative_generate(model, input_ids: torch.Tensor, drafter, max_new_tokens
     cache = DynamicCache(config=model.config)
     cache_arg = _cache_argument(model)
     attention = not name.startswith("Mamba2")  # hybrids: rejected KV entries are masked, positions given
-    suppress = torch.tensor(list(suppress_tokens), dtype=torch.long, device=device)
+    suppress = torch.tensor(suppress_tokens, dtype=torch.long, device=device)
 
     def greedy(logits):
         logits = logits.float()

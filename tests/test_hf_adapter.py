@@ -115,6 +115,21 @@ def test_speculative_generation_refuses_wrong_use():
         speculative_generate(model.backbone, ids, NgramDrafter(), 8)
     with pytest.raises(ValueError, match=r"input_ids: expected \[B, P\] integer token ids"):
         speculative_generate(model, ids.float(), NgramDrafter(), 8)
+    for empty in (ids[:0], ids[:, :0]):
+        with pytest.raises(ValueError, match=r"input_ids: expected at least one row and one prompt token"):
+            speculative_generate(model, empty, NgramDrafter(), 8)
+    for outside in (ids + 96, ids - ids.max() - 1):
+        with pytest.raises(ValueError, match=r"input_ids: holds a token id outside the model's vocabulary \[0, 96\)"):
+            speculative_generate(model, outside, NgramDrafter(), 8)
+    for bad in (96, -1, True, 2.0):
+        with pytest.raises(ValueError, match=r"suppress_tokens\[1\]: expected a token id in \[0, 96\), got %r" % bad):
+            speculative_generate(model, ids, NgramDrafter(), 8, suppress_tokens=[0, bad])
+    with pytest.raises(ValueError, match="suppress_tokens: suppresses all 96 token ids"):
+        speculative_generate(model, ids, NgramDrafter(), 8, suppress_tokens=range(96))
+    with pytest.raises(ValueError, match="max_new_tokens: must be a positive int, got True"):
+        speculative_generate(model, ids, NgramDrafter(), True)
+    with pytest.raises(ValueError, match="drafts: .* got True"):
+        speculative_generate(model, ids, NgramDrafter(), 8, drafts=True)
     with replay_decoding(model):
         with pytest.raises(RuntimeError, match="already runs through a replay cache"):
             speculative_generate(model, ids, NgramDrafter(), 8)
