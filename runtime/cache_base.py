@@ -23,6 +23,7 @@ from replayssm_dsl.errors import ConfigError, InputError
 
 from replayssm_dsl.lowering.lower import lower
 
+from .param_terms import check_parameter_terms
 from .validation import (BF16_BITS_DTYPES, FLOAT_DTYPES, as_index, check_accepted, check_array, check_drafts,
                          check_page_writes, check_pages, check_slot_index, check_slots, dtype_name,
                          is_device_array, readable_host_array)
@@ -55,6 +56,7 @@ class ReplayCacheBase:
         self.decl, self.shape, self.config = decl, shape, self.program.config
         self.num_slots, self.num_pages = slots, pages
         self.params = self._check_params(params)
+        check_parameter_terms(decl, shape, self.params)
         self._last_verify = None
 
     # --- argument checks ---------------------------------------------------------------------------
