@@ -42,6 +42,16 @@ def _count(value, name: str, at_least: int) -> int:
     return count
 
 
+def _refuse_bfloat16_overflow(given: np.ndarray, rounded: np.ndarray, name: str) -> None:
+    """A finite float that rounds to bf16's inf (past about 3.39e38) is refused as overflowing bf16,
+    not as the non-finite value it becomes."""
+    with np.errstate(invalid="ignore"):
+        overflow = np.isinf(rounded) & np.isfinite(given)
+    if overflow.any():
+        idx = [int(i) for i in np.argwhere(overflow)[0]]
+        raise InputError(f"{name}: value {given[tuple(idx)]} at index {idx} overflows bfloat16, "
+                         "the dtype the kernels read it in")
+
 class ReplayCacheBase:
     """Values (finite, declared signs) are checked for host arrays; device arrays are checked for
     shape, dtype and layout only, so the decode loop never waits on the GPU."""
@@ -115,9 +125,12 @@ class ReplayCacheBase:
                 if not is_device_array(value):  # a host array of any kind (a CPU torch tensor: NumPy holds no bf16)
                     value = readable_host_array(value, f"tokens[{spec.name!r}]")
                 if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
+                    given = value
                     bits = (np.ascontiguousarray(value).view(np.uint16) if dtype_name(value) in BF16_BITS_DTYPES
                             else bfloat16_bits(value))
                     value = from_bfloat16_bits(bits)
+                    if bits is not given:
+                        _refuse_bfloat16_overflow(given, value, f"tokens[{spec.name!r}]")
             value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
                                 check_values=True, device=self.array_device)
             if bits is not None:

@@ -201,6 +201,21 @@ def test_token_beyond_float32_is_refused_not_made_inf(busy):
         busy.cache.step([0, 1], toks)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_token_declared_bf16_beyond_bf16_is_refused_as_overflowing_it(dtype):
+    """3.4e38 is a finite float32 that rounds to bf16's inf: refused as overflowing bfloat16 (it was
+    called a non-finite value, which the caller never passed); an inf is still called non-finite."""
+    decl = variants.get("gdn").with_token_dtype("bfloat16")
+    rng = np.random.default_rng(4)
+    cache = CpuReplayCache(decl, SHAPE, CONFIG, slots=2, params=random_params(decl, SHAPE, rng))
+    toks = {k: v.astype(dtype) for k, v in random_tokens(decl, SHAPE, rng, (2,)).items()}
+    toks["a"][1, 2] = 3.4e38
+    with refused(cache, InputError, "tokens['a']: value ", " at index [1, 2] overflows bfloat16"):
+        cache.step([0, 1], toks)
+    toks["a"][1, 2] = -np.inf
+    with refused(cache, InputError, "tokens['a']: non-finite value -inf at index [1, 2]"):
+        cache.step([0, 1], toks)
+
 def test_param_beyond_float32_is_refused():
     decl = variants.get("gdn")
     params = random_params(decl, SHAPE, np.random.default_rng(1))
