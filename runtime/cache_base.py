@@ -165,11 +165,15 @@ class ReplayCacheBase:
 
     # --- operations --------------------------------------------------------------------------------
     def step(self, slots, tokens: dict, *, src_pages=None, dst_pages=None, out=None):
-        """One decode token per row: append a record and read, or fold and flush. ``[B, HV, V]``."""
+        """One decode token per row: append a record and read, or fold and flush. ``[B, HV, V]``.
+        ``out`` may be ``[B, HV, V]``, as returned, or ``[B, 1, HV, V]``, the kernels' (verify's T = 1)."""
         batch = self._batch(slots, src_pages, dst_pages, "step")
         rows = batch["slot"].shape[0]
         toks = self._check_tokens(tokens, rows, None)
-        out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
+        if len(getattr(out, "shape", ())) == 3:  # as returned: the kernels write it through a T = 1 view
+            out = self._output(out, (rows, self.shape.heads, self.shape.v_dim), "out")[:, None]
+        else:
+            out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
         self._launch("replay_step", rows, batch, toks, out=out)
         return out[:, 0]
 

@@ -182,15 +182,17 @@ def test_read_only_out_of_a_folding_verify_changes_no_checkpoint(busy):
     busy.check_all()
 
 
-def test_float32_out_of_a_float64_cache_is_filled(busy):
-    out = np.full((2, 1, SHAPE.heads, SHAPE.v_dim), np.nan, np.float32)
+@pytest.mark.parametrize("lead", [(2, 1), (2,)], ids=["kernel-layout", "as-returned"])
+def test_float32_out_of_a_float64_cache_is_filled(busy, lead):
+    """A step's ``out`` may have the kernels' shape ``[B, 1, HV, V]`` or the returned ``[B, HV, V]``."""
+    out = np.full(lead + (SHAPE.heads, SHAPE.v_dim), np.nan, np.float32)
     toks = busy.tokens(2)
     got = busy.cache.step([0, 1], toks, out=out)
-    assert got.dtype == np.float32 and np.isfinite(out).all()
+    assert got.dtype == np.float32 and np.isfinite(out).all() and np.shares_memory(got, out)
     for b in range(2):
         want, busy.state[b] = plain_recurrence(busy.decl, SHAPE, {k: v[b:b + 1] for k, v in toks.items()},
                                                busy.params, busy.state[b])
-        assert_close(out[b, 0], want[0], 1e-5, f"row {b}")
+        assert_close(got[b], want[0], 1e-5, f"row {b}")
 
 
 # -- values the kernels' dtypes cannot hold --------------------------------------------------------

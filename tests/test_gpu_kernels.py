@@ -380,6 +380,9 @@ def test_gpu_host_tensors_in_and_host_outputs_refused(name):
     got = cache.step([0, 1], {k: torch.tensor(v) for k, v in toks.items()},
                      out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
     assert_close(to_host(got), to_host(twin.step([0, 1], toks)), 1e-6, "step from CPU torch tokens")
+    as_returned = cache.poisoned((2, shape.heads, shape.v_dim))  # out= of the shape step returns
+    cache.step([0, 1], toks, out=as_returned)
+    assert_close(to_host(as_returned), to_host(twin.step([0, 1], toks)), 1e-6, "step into out= [B, HV, V]")
     out = cache.conventional_step([0, 1], toks, out=cache.poisoned((2, 1, shape.heads, shape.v_dim)))
     assert cache.buffers["state"].shape == (2, shape.heads, shape.v_dim, shape.k_dim)
     assert np.isfinite(to_host(out)).all(), "the conventional step from the zero state wrote no output"
