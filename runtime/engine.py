@@ -21,18 +21,20 @@ import numpy as np
 
 from replayssm_dsl.errors import InputError
 
-from .validation import as_index, host_int_array
+from .validation import as_index, check_array, check_slots, host_int_array, is_device_array, readable_host_array
 
 
 def _pad(tokens, requests: int, rows: int):
-    """Host token arrays of one row per request padded with zeros to ``rows`` batch rows (the padded
-    rows' slot is -1); any other length is left for the cache to refuse, naming the input. Device
-    arrays must come padded."""
+    """Host token arrays (NumPy, CPU torch tensors) of one row per request padded with zeros to ``rows``
+    batch rows (the padded rows' slot is -1); any other length is left for the cache to refuse, naming
+    the input. Device arrays must come padded."""
     if not isinstance(tokens, Mapping):
         return tokens
     out = {}
     for name, value in tokens.items():
-        if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == requests < rows:
+        shape = getattr(value, "shape", ())
+        if not is_device_array(value) and len(shape) and shape[0] == requests < rows:
+            value = readable_host_array(value, f"tokens[{name!r}]")
             pad = np.zeros((rows - value.shape[0],) + value.shape[1:], value.dtype)
             value = np.concatenate([value, pad])
         out[name] = value
@@ -72,6 +74,8 @@ class ReplayEngine:
 
     def add(self, state) -> int:
         """A new request whose checkpoint is ``state`` ``[HV, V, K]`` (e.g. prefill's final state)."""
+        shape = self.cache.shape
+        check_array(state, "state", (shape.heads, shape.v_dim, shape.k_dim), check_values=False)  # values: load's
         slot = self.pool.allocate()
         page = self.pool.prepare_load(slot)
         try:
@@ -117,7 +121,7 @@ class ReplayEngine:
     def materialize(self, requests):
         """The plain state of each request, ``[len(requests), HV, V, K]``: its checkpoint page (after
         copy-on-write no longer the page numbered like its slot) folded with its records."""
-        requests = _requests(requests)
+        requests = check_slots(requests, self.cache.num_slots, "requests")  # once each: no padding here
         live = set(self.pool.live_slots().tolist())
         for i, slot in enumerate(requests.tolist()):
             if slot not in live:

@@ -168,6 +168,10 @@ def test_materialize_reads_each_request_from_its_own_page_after_copy_on_write(ba
     (lambda e, s, toks: e.step([], toks), "requests: empty batch"),
     (lambda e, s, toks: e.materialize([s, s + 1]), f"requests[1] = 1 is not an allocated slot"),
     (lambda e, s, toks: e.materialize([]), "requests: empty batch"),
+    (lambda e, s, toks: e.materialize([s, s]), "requests: slot 0 appears twice"),
+    (lambda e, s, toks: e.add(np.zeros((4, 8, 9))), "state: expected shape [4, 8, 8], got [4, 8, 9]"),
+    (lambda e, s, toks: e.add(np.zeros((1, 4, 8, 8))), "state: expected shape [4, 8, 8], got [1, 4, 8, 8]"),
+    (lambda e, s, toks: e.add([[0.0]]), "state: expected an array (NumPy, CuPy or torch) of shape [4, 8, 8], got list"),
 ])
 def test_engine_refuses_a_bad_batch_naming_its_argument(call, fragment):
     decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 8, 8), ReplayConfig(window=4, max_drafts=3)
@@ -204,6 +208,21 @@ def test_a_fork_whose_copy_is_refused_gives_the_child_back(pool_cls, monkeypatch
     child = engine.fork(parent)
     got = engine.materialize([parent, child])
     assert np.array_equal(got[0], got[1])
+
+def test_cpu_torch_tokens_are_padded_like_numpy_ones():
+    """With ``batch_size`` above the requests, host tokens are padded to the batch: CPU torch tensors
+    (host arrays too) as NumPy ones, with the same outputs."""
+    torch = pytest.importorskip("torch")
+    decl, shape, config = variants.get("gdn"), ModelShape(4, 2, 8, 8), ReplayConfig(window=4, max_drafts=3)
+    rng = np.random.default_rng(8)
+    params, state = random_params(decl, shape, rng), random_state(shape, rng)
+    engines = [ReplayEngine(CpuReplayCache, decl, shape, config, slots=2, params=params) for _ in range(2)]
+    slots = [engine.add(state) for engine in engines]
+    for _ in range(config.window + 1):  # through a flush
+        toks = random_tokens(decl, shape, rng, (1,))
+        want = engines[0].step([slots[0]], toks, batch_size=2)
+        got = engines[1].step([slots[1]], {k: torch.tensor(v) for k, v in toks.items()}, batch_size=2)
+        np.testing.assert_array_equal(got, want)
 
 def test_accept_checks_its_count_and_takes_one_verify_once():
     """``accept`` with more counts than the verify had requests, or with no verify pending, is refused
