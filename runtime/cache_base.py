@@ -341,3 +341,10 @@ class ReplayCacheBase:
     def fills(self) -> np.ndarray:
         """Per-slot fills, copied to the host (a synchronising read; not for the decode loop)."""
         raise NotImplementedError
+
+    def _page_index(self, page) -> int:
+        """``checkpoint``'s page, an int in ``[0, pages)`` (a negative one would count from the end)."""
+        index = as_index(page)
+        if index is None or not 0 <= index < self.num_pages:
+            raise InputError(f"page: expected a checkpoint page, an int in [0, {self.num_pages}), got {page!r}")
+        return index

@@ -83,4 +83,4 @@ class CpuReplayCache(ReplayCacheBase):
         return self.buffers["fill"].copy()
 
     def checkpoint(self, page: int) -> np.ndarray:
-        return self.buffers["checkpoint"][page].copy()
+        return self.buffers["checkpoint"][self._page_index(page)].copy()

@@ -268,7 +268,7 @@ class CudaReplayCache(ReplayCacheBase):
         return self.cp.asnumpy(self.buffers["fill"])
 
     def checkpoint(self, page: int):
-        return self.cp.asnumpy(self.buffers["checkpoint"][page])
+        return self.cp.asnumpy(self.buffers["checkpoint"][self._page_index(page)])
 
     # --- graph-capturable launches: device-resident batch arrays, no host work ------------------------
     def launch_step(self, batch: dict, tokens: dict, out) -> None:

@@ -8,11 +8,14 @@ bf16's range (float32's exponent), not float16's: a state entry of 1e5 or 1e-30 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from replayssm_dsl import ModelShape, ReplayConfig, variants
 from replayssm_dsl.bfloat16 import round_to_bfloat16
+from replayssm_dsl.errors import InputError
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
 
@@ -44,6 +47,15 @@ def test_fills_and_checkpoints_are_copies():
     assert np.array_equal(cache.checkpoint(0), before[0]) and np.array_equal(cache.fills(), before[1]), \
         "writing a returned copy changed the cache"
 
+
+@pytest.mark.parametrize("page", [-1, 2, 99, True, 1.0, None])
+def test_a_page_outside_the_pages_is_refused_by_checkpoint(page):
+    """``checkpoint(-1)`` would read the last page as NumPy counts from the end; it, a page past the
+    end, a bool and a non-integer are refused naming the page."""
+    cache, _ = _cache(ReplayConfig(window=2, max_drafts=2), 3)
+    with pytest.raises(InputError, match=re.escape(f"page: expected a checkpoint page, an int in [0, 2), got {page!r}")):
+        cache.checkpoint(page)
+    assert np.array_equal(cache.checkpoint(np.int64(1)), cache.buffers["checkpoint"][1])
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
 def test_bfloat16_checkpoints_keep_bfloat16_range(precision):
