@@ -170,10 +170,7 @@ class ReplayCacheBase:
         batch = self._batch(slots, src_pages, dst_pages, "step")
         rows = batch["slot"].shape[0]
         toks = self._check_tokens(tokens, rows, None)
-        if len(getattr(out, "shape", ())) == 3:  # as returned: the kernels write it through a T = 1 view
-            out = self._output(out, (rows, self.shape.heads, self.shape.v_dim), "out")[:, None]
-        else:
-            out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
+        out = self._step_output(out, rows)
         self._launch("replay_step", rows, batch, toks, out=out)
         return out[:, 0]
 
@@ -260,11 +257,11 @@ class ReplayCacheBase:
         self._store_conventional(batch, states)
 
     def conventional_step(self, slots, tokens: dict, *, out=None):
-        """Baseline: read the state, update it in place, output. ``[B, HV, V]``."""
+        """Baseline: read the state, update it in place, output. ``[B, HV, V]`` (``out``: as ``step``'s)."""
         batch = self._batch(slots, operation="conventional_step")
         rows = batch["slot"].shape[0]
         toks = self._check_tokens(tokens, rows, None)
-        out = self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
+        out = self._step_output(out, rows)
         self._launch("conventional_step", rows, batch, toks, out=out)
         return out[:, 0]
 
@@ -341,6 +338,13 @@ class ReplayCacheBase:
     def fills(self) -> np.ndarray:
         """Per-slot fills, copied to the host (a synchronising read; not for the decode loop)."""
         raise NotImplementedError
+
+    def _step_output(self, out, rows: int):
+        """A step's output ``[B, 1, HV, V]`` (verify's layout, T = 1): new, or ``out`` checked, given
+        in that shape or in the ``[B, HV, V]`` a step returns (then written through a view)."""
+        if len(getattr(out, "shape", ())) == 3:
+            return self._output(out, (rows, self.shape.heads, self.shape.v_dim), "out")[:, None]
+        return self._output(out, (rows, 1, self.shape.heads, self.shape.v_dim), "out")
 
     def _page_index(self, page) -> int:
         """``checkpoint``'s page, an int in ``[0, pages)`` (a negative one would count from the end)."""

@@ -195,6 +195,14 @@ def test_float32_out_of_a_float64_cache_is_filled(busy, lead):
         assert_close(got[b], want[0], 1e-5, f"row {b}")
 
 
+def test_conventional_step_takes_an_out_of_the_shape_it_returns():
+    one, other = Busy(seed=6), Busy(seed=6)  # the same caches and the same random stream
+    toks = one.tokens(2)
+    out = np.full((2, SHAPE.heads, SHAPE.v_dim), np.nan)
+    got = one.cache.conventional_step([0, 1], toks, out=out)
+    assert np.shares_memory(got, out) and np.isfinite(out).all()
+    np.testing.assert_array_equal(out, other.cache.conventional_step([0, 1], other.tokens(2)))
+
 # -- values the kernels' dtypes cannot hold --------------------------------------------------------
 def test_token_beyond_float32_is_refused_not_made_inf(busy):
     toks = busy.tokens(2)
