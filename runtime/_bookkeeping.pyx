@@ -6,7 +6,8 @@ for the model and the step protocol). Same API, same results, same exceptions an
 per-row work of ``build_step`` / ``report_step`` / ``build_verify`` / ``commit`` runs in C loops over
 typed memoryviews, so a step of 512 requests costs a few microseconds of host time.
 
-May import: NumPy (Python level only, no NumPy C headers), ``replayssm_dsl.errors``.
+May import: NumPy (Python level only, no NumPy C headers), ``replayssm_dsl.errors``, and
+``bookkeeping_py.slot_number`` (the check of a slot given alone, shared with the twin).
 The flush rules are those of ``lowering/buffer_rules.py``, restated inline in ``_plan_rows`` and
 tested against it.
 """
@@ -17,6 +18,7 @@ import operator
 import numpy as np
 
 from replayssm_dsl.errors import CapacityError, ConfigError, InputError
+from replayssm_dsl.runtime.bookkeeping_py import slot_number  # one rule for a slot given alone, off the hot path
 
 cdef enum:
     NO_BATCH = 0
@@ -35,16 +37,6 @@ cdef inline int _check_int32_vector(object array, str name) except -1:
     if array.ndim != 1:
         raise InputError(f"{name} must be a 1-D numpy int32 array, got shape {array.shape}")
     return 0
-
-
-def _slot_number(slot, op: str) -> int:
-    """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
-    if isinstance(slot, (bool, np.bool_)):
-        raise InputError(f"{op}(): expected a slot number (int), got {slot!r}")
-    try:
-        return operator.index(slot)
-    except TypeError:
-        raise InputError(f"{op}(): expected a slot number (int), got {type(slot).__name__}") from None
 
 
 cdef int _check_output_buffer(object array, str name) except -1:
@@ -398,7 +390,7 @@ cdef class SlotPool:
             self._free_page_count += 1
 
     cdef Py_ssize_t _check_live_slot(self, slot, str op) except -1:
-        slot = _slot_number(slot, op)
+        slot = slot_number(slot, op)
         if not 0 <= slot < self.slots:
             raise InputError(f"{op}(): slot {slot} is out of range [0, {self.slots})")
         if not self._allocated[<Py_ssize_t>slot]:

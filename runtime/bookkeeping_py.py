@@ -57,7 +57,7 @@ def _check_int32_vector(array, name: str) -> None:
         raise InputError(f"{name} must be a 1-D numpy int32 array, got shape {array.shape}")
 
 
-def _slot_number(slot, op: str) -> int:
+def slot_number(slot, op: str) -> int:
     """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
     if isinstance(slot, (bool, np.bool_)):
         raise InputError(f"{op}(): expected a slot number (int), got {slot!r}")
@@ -341,7 +341,7 @@ class PySlotPool:
             self._free_pages.append(page)
 
     def _check_live_slot(self, slot, op: str) -> int:
-        slot = _slot_number(slot, op)
+        slot = slot_number(slot, op)
         if not 0 <= slot < self._slots:
             raise InputError(f"{op}(): slot {slot} is out of range [0, {self._slots})")
         if not self._allocated[slot]:
