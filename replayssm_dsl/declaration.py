@@ -33,7 +33,16 @@ from .expr import Expr, as_expr, render_text
 PER = {"head": "head", "group": "group"}
 TOKEN_DTYPES = ("float32", "bfloat16")  # how a token input arrives; parameters are float32
 SIZES = {None: "", "": "", "K": "K", "V": "V"}
-RESERVED: set[str] = set()  # rendered code prefixes every input name, so none is reserved
+# The names of the lowering's own buffers and kernel arguments: the rendered CUDA prefixes every input
+# (``tok_q``, ``par_A_log``), but the lowered program and the caches keep inputs beside these buffers under
+# their bare names, so an input named ``fill`` or ``out`` would take the buffer's place.
+# ``tests/test_reserved_names.py`` checks this list against every lowered program.
+RESERVED = frozenset({
+    "checkpoint", "state", "snapshots", "initial", "materialized", "out",      # states and outputs
+    "rec_decay", "rec_write", "rec_key", "fill",                                # records, fills
+    "slot", "slots", "src_page", "dst_page", "drafts", "accepted",             # batch rows
+    "rows", "t_tok", "num_slots", "num_pages",                                  # kernel scalars
+})
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,9 @@ class Recurrence:
         if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
             raise DeclarationError(f"{kind} {name!r}: not a usable name (need an identifier, not a keyword, "
                                    f"not starting with '_')")
+        if name in RESERVED:
+            raise DeclarationError(f"{kind} {name!r}: the name of one of the lowering's own buffers or kernel "
+                                   f"arguments ({', '.join(sorted(RESERVED))}); pick another")
         if name in self._inputs:
             raise DeclarationError(f"{kind} {name!r}: declared twice")
         if not isinstance(per, str) or per not in PER:
