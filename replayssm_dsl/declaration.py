@@ -282,6 +282,23 @@ def _expect_axis(field_name: str, node: Expr, allowed: tuple[str, ...], why: str
         raise DeclarationError(f"{field_name}: is {shown[node.axis]} ({render_text(node)}); {why}")
 
 
+# where each function of a decay is defined: its argument's lowest value must be above (or, for sqrt, at) 0
+_DOMAINS = {"SQRT": ("can be negative", lambda lo: lo >= 0.0), "RSQRT": ("can be 0 or negative", lambda lo: lo > 0.0),
+            "LOG": ("can be 0 or negative", lambda lo: lo > 0.0)}
+
+
+def _check_decay_domains(decay: Expr) -> None:
+    """A decay must be a number for every input: sqrt, rsqrt, log and fractional powers of an argument
+    that can leave their domain give NaN, which the sign proof (g ≤ 0 wherever defined) cannot see."""
+    for node in decay.walk():
+        if node.op in _DOMAINS or (node.op == "POW" and not float(node.arg).is_integer()):
+            why, defined = _DOMAINS.get(node.op, ("can be negative", lambda lo: lo >= 0.0))
+            arg = node.src[0]
+            if not defined(value_range(arg)[0]):
+                raise DeclarationError(
+                    f"decay: {render_text(node)} is not a number where {render_text(arg)} {why}; bound the "
+                    "argument, e.g. softplus(...) + a positive constant, or a param declared sign='nonnegative'")
+
 def validate(decl: Declaration, declared: dict[str, InputSpec]) -> None:
     """Raise ``DeclarationError`` naming the field when replay cannot serve ``decl``."""
     if decl.decay is not None:
@@ -290,6 +307,7 @@ def validate(decl: Declaration, declared: dict[str, InputSpec]) -> None:
                 f"decay: varies along V ({render_text(decl.decay)}); replay records would be state-sized "
                 "(a full V×K decay per token, as in Mamba-1, cannot be replayed). A decay must be a scalar "
                 "per head or a vector over K.")
+        _check_decay_domains(decl.decay)
         if decl.decay.sign != "nonpositive" and value_range(decl.decay)[1] > 0.0:
             raise DeclarationError(
                 f"decay: cannot show g ≤ 0 for {render_text(decl.decay)} (log-space decay must be ≤ 0 so "

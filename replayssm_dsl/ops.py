@@ -19,7 +19,7 @@ def _unary(op: str):
 
 
 exp = _unary("EXP")
-log = _unary("LOG")
+_log = _unary("LOG")
 sqrt = _unary("SQRT")
 rsqrt = _unary("RSQRT")
 softplus = _unary("SOFTPLUS")
@@ -28,9 +28,19 @@ logsigmoid = _unary("LOGSIGMOID")
 silu = _unary("SILU")
 
 
+def log(x) -> Expr:
+    """Elementwise log; ``log(sigmoid(x))`` is built as ``logsigmoid(x)``, its finite form (float32's
+    sigmoid is 0 below x ≈ −88, where the log would be −inf)."""
+    x = as_expr(x)
+    return logsigmoid(x.src[0]) if x.op == "SIGMOID" else _log(x)
+
+
 def l2norm(x, eps: float = 1e-6) -> Expr:
     """``x / sqrt(sum(x²) + eps)`` along the vector's axis (FLA's ``l2norm`` convention)."""
     x = as_expr(x)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < float("inf"):
+        raise DeclarationError(f"l2norm eps must be a finite number > 0 (it keeps a zero vector's norm "
+                               f"from 0 and the result in [-1, 1]), got {eps!r}")
     if x.axis not in ("K", "V"):
         raise DeclarationError(f"l2norm needs a vector over K or V, got an expression with axis "
                                f"{x.axis or 'scalar'!r}: {x!r}")

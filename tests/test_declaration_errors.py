@@ -70,7 +70,7 @@ def test_mamba1_style_v_by_k_decay_is_refused_as_state_sized_records():
     lambda r: ops.silu(-ops.softplus(r.token("g")) - 2.0) + 0.2,  # silu's sup near 0 from below: up to 0.2
     lambda r: ops.sqrt(ops.sigmoid(r.token("g")) * 0.25) - 0.3,   # sqrt lifts 0.25 to 0.5: up to 0.2
     lambda r: -(r.token("g") ** 3),                           # an odd power keeps the sign it had
-    lambda r: ops.log(ops.softplus(r.token("g"))),            # log of a value that may pass 1
+    lambda r: ops.log(ops.softplus(r.token("g")) + 1e-3),     # log of a value that may pass 1
     lambda r: 0.5 - ops.sigmoid(r.token("g")),                # a reflected subtraction that may pass 0
 ], ids=["token", "exp", "neg-log-sigmoid", "sum-with-any", "no-softplus", "nonneg-param", "flipped",
         "silu-shifted", "sqrt-shifted", "odd-power", "log-softplus", "reflected-sub"])
@@ -81,6 +81,53 @@ def test_decay_whose_sign_cannot_be_proven_nonpositive(make):
     with raises(DeclarationError, "decay", "cannot show g ≤ 0", "overflow"):
         r.build(decay=decay, key=k, query=q, write=plain(v))
 
+
+@pytest.mark.parametrize("make, text, why", [
+    (lambda r: -ops.sqrt(r.token("g")), "sqrt(g)", "g can be negative"),
+    (lambda r: -ops.rsqrt(r.token("g")), "rsqrt(g)", "g can be 0 or negative"),
+    (lambda r: -ops.rsqrt(ops.softplus(r.token("g"))), "rsqrt(softplus(g))", "softplus(g) can be 0 or negative"),
+    (lambda r: ops.log(ops.sigmoid(r.token("g")) - 0.5), "log((sigmoid(g) - 0.5))", "can be 0 or negative"),
+    (lambda r: ops.log(ops.softplus(r.token("g"))), "log(softplus(g))", "softplus(g) can be 0 or negative"),
+    (lambda r: -(r.token("g") ** 1.5), "g**1.5", "g can be negative"),
+    (lambda r: -ops.sqrt(r.param("p")) * ops.softplus(r.token("g")), "sqrt(p)", "p can be negative"),
+], ids=["sqrt", "rsqrt", "rsqrt-at-0", "log-shifted", "log-at-0", "fractional-power", "sqrt-param"])
+def test_a_decay_outside_a_function_domain_is_refused(make, text, why):
+    """-sqrt(g) is ≤ 0 wherever it is defined, and NaN where g < 0: the sign proof cannot see that, so
+    each function's argument must stay in its domain (NaN records would reach every later output)."""
+    r = Recurrence("domains")
+    q, k, v = _qkv(r)
+    with raises(DeclarationError, f"decay: {text} is not a number where", why):
+        r.build(decay=make(r), key=k, query=q, write=plain(v))
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: -ops.sqrt(ops.softplus(r.token("g"))),
+    lambda r: -ops.rsqrt(ops.softplus(r.token("g")) + 1.0),
+    lambda r: -ops.sqrt(r.param("p", sign="nonnegative")) * ops.softplus(r.token("g")),
+    lambda r: -(ops.softplus(r.token("g")) ** 1.5),
+    lambda r: ops.log(ops.sigmoid(r.token("g"))),
+], ids=["sqrt-softplus", "rsqrt-shifted", "sqrt-nonneg-param", "fractional-power", "log-sigmoid"])
+def test_a_decay_inside_every_domain_builds(make):
+    r = Recurrence("domains")
+    q, k, v = _qkv(r)
+    decl = r.build(decay=make(r), key=k, query=q, write=plain(v))
+    assert value_range(decl.decay)[1] <= 0.0
+
+
+def test_log_of_a_sigmoid_is_built_as_logsigmoid():
+    """float32's sigmoid is 0 below x ≈ −88, where log(sigmoid(x)) would be −inf: it is logsigmoid."""
+    g = Recurrence("log").token("g")
+    assert ops.log(ops.sigmoid(g)) is ops.logsigmoid(g)
+    assert ops.log(ops.softplus(g)).op == "LOG"
+
+
+@pytest.mark.parametrize("eps", [-0.5, 0, 0.0, float("nan"), float("inf"), True, "1e-6", None])
+def test_l2norm_eps_must_be_a_finite_positive_number(eps):
+    """A negative eps lifts l2norm past [-1, 1], where the decay's bound and the scaled keys' overflow
+    proof assume it stays: ``l2norm(gk, eps=-0.5) - 1`` reached +1.14."""
+    k = Recurrence("norm").token("k", size="K")
+    with raises(DeclarationError, "l2norm eps must be a finite number > 0", f"got {eps!r}"):
+        ops.l2norm(k, eps=eps)
 
 @pytest.mark.parametrize("make", [
     lambda r: ops.logsigmoid(r.token("g")) / 16.0,
