@@ -116,15 +116,16 @@ def _scores(decl, per_trip: str = "SCORE_RECORDS", shift: float | None = None) -
                f"constexpr int SCORE_LANES = 32 / (PARTS * {r});", lane_sum,
                "if (lane % SCORE_LANES == 0 && rec <= n + j)",
                f"    {target}[j * NREC + rec] = sum * {scale};"])
-    draft_decay = [] if shift is None else [
-        "    float qe[KE], ke[KE];  // draft j's query and key times e^{G_{n+j} - C}, at the lane's elements",
+    draft_decay = [] if shift is None else ([
+        "    float qe[KE], ke[KE];  // draft j's query and key times e^{G_{n+j} - C}, at the lane's elements"
+        if decl.is_delta else "    float qe[KE];  // draft j's query times e^{G_{n+j} - C}, at the lane's elements",
         "    #pragma unroll",
         "    for (int c = 0; c < KE; ++c) {",
         "        const int e = k_index(c, lane);",
         "        const float ej = e < K ? expf(sh_G[(n + j) * K + e] - KEY_SHIFT) : 0.f;",
-        "        qe[c] = e < K ? sh_q[j * K + e] * ej : 0.f;",
-        "        ke[c] = e < K ? (sh_key[(n + j) * K + e] * ej) * ej : 0.f;  // (its scaled key times e^{G - C} is k_j)",
-        "    }"]
+        "        qe[c] = e < K ? sh_q[j * K + e] * ej : 0.f;"]
+        + (["        ke[c] = e < K ? (sh_key[(n + j) * K + e] * ej) * ej : 0.f;  // (its scaled key times e^{G - C} is k_j)"]
+           if decl.is_delta else []) + ["    }"])  # a plain write reads no key score
     return ([f"static_assert(32 % (PARTS * {r}) == 0, \"a warp's lanes split evenly between a trip's sums\");",
              "for (int j = 0; j < t; ++j) {"] + draft_decay
             + [f"    for (int i = {r} * ((warp + j) % WARPS); i <= n + j; i += {r} * WARPS) {{"]
