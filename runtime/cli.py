@@ -183,10 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--raw-record-fields", type=parse_raw_record_fields, default=RAW_RECORD_FIELDS,
                        help="with --record-dtype bfloat16: which fields records keep raw (default key,decay)")
 
-    def with_config(p, shape=True):
+    def with_config(p, shape=True, shape_required=False):
         if shape:
             p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape (docs/design.md, \"Traffic model\")")
-            p.add_argument("--shape", type=shape_argument, help="HV,H,V,K (default 4,2,64,64)")
+            p.add_argument("--shape", type=shape_argument,
+                           help="HV,H,V,K" + (" (this or --preset)" if shape_required else " (default 4,2,64,64)"))
         p.add_argument("--window", type=int, default=16, help="replay window L (default 16)")
         p.add_argument("--max-drafts", type=int, default=8, help="most drafts T per verify (default 8)")
         p.add_argument("--state-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
@@ -215,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--standalone", action="store_true",
                    help="one self-contained .cu with extern \"C\" launchers, a header and manifest.json")
-    with_config(p)
+    with_config(p, shape_required=True)
     p.set_defaults(func=cmd_emit)
     p = sub.add_parser("bench", help="GPU benchmark of the generated kernels (needs a GPU)")
     p.add_argument("--out", default="bench-out", help="folder for results.json, results.md, speedup.png")

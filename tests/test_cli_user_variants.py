@@ -35,6 +35,15 @@ def test_emit_writes_a_declaration_of_ones_own_at_a_shape(tmp_path, capsys):
     assert (tmp_path / "gated_delta_gate-4x2x32x64-verify.cu").is_file()
 
 
+def test_emit_without_a_shape_says_so_and_its_help_claims_no_default(tmp_path, capsys):
+    """``emit`` has no default shape (``check`` and ``show`` do): its help says --shape or --preset."""
+    assert cli.main(["emit", "gdn", "-o", str(tmp_path)]) == 2
+    assert "give the shape as --preset or --shape" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["emit", "--help"])
+    text = capsys.readouterr().out
+    assert "HV,H,V,K (this or --preset)" in text and "default 4,2,64,64" not in text
+
 @pytest.mark.parametrize("name, message", [
     ("no_such_module_here:x", "no module 'no_such_module_here'"),
     ("examples/no_such_file.py:x", "no file examples/no_such_file.py"),
