@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from replayssm_dsl.config import ModelShape, ReplayConfig
 from replayssm_dsl.declaration import Declaration
+from replayssm_dsl.errors import LoweringError
+from replayssm_dsl.expr import render_text
 
 from .ir import Buffer, Kernel, Program, Stmt, When
 from .record_inputs import raw_record_inputs
@@ -183,9 +185,20 @@ def _kernels() -> tuple[Kernel, ...]:
     )
 
 
+def _check_renderable(decl: Declaration) -> None:
+    """What the CUDA rendering cannot do is refused here, for every backend, so that a declaration the
+    CPU twin runs (``replayssm check``) is one whose kernels can be emitted: the kernels normalise
+    vectors over K only (a lane's slice of a row along K is reduced across the warp)."""
+    for field, root in decl.expressions().items():
+        for node in root.walk():
+            if node.op == "L2NORM" and node.axis != "K":
+                raise LoweringError(f"{field}: {render_text(node)}: the CUDA backend normalises vectors over K "
+                                    "only (l2norm of a V vector is not rendered)")
+
 def lower(decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None) -> Program:
     """Lower ``decl`` for ``shape`` and ``config`` into its kernel plans."""
     config = config or ReplayConfig()
+    _check_renderable(decl)
     sizes = {"HV": shape.heads, "H": shape.key_heads, "V": shape.v_dim, "K": shape.k_dim,
              "L": config.window, "T": config.max_drafts, "cap": config.capacity}
     return Program(decl, shape, config, _buffers(decl, shape, config), _kernels(), sizes)

@@ -36,7 +36,8 @@ def log(x) -> Expr:
 
 
 def l2norm(x, eps: float = 1e-6) -> Expr:
-    """``x / sqrt(sum(x²) + eps)`` along the vector's axis (FLA's ``l2norm`` convention)."""
+    """``x / sqrt(sum(x²) + eps)`` along the vector's axis (FLA's ``l2norm`` convention). The lowering
+    renders it over K only (keys, queries, vector decays): over V it is refused by ``lower``."""
     x = as_expr(x)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < float("inf"):
         raise DeclarationError(f"l2norm eps must be a finite number > 0 (it keeps a zero vector's norm "

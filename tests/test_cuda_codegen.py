@@ -318,3 +318,21 @@ def test_shared_fragments_move_the_last_chunks_of_verifys_fragments_through_shar
     assert "sh_fragments" not in capped and "mma_3xtf32" not in capped[capped.index(") verify("):capped.index(") commit(")]
     with pytest.raises(LoweringError, match=r"shared_fragments: launch 4x16/r96/f9 moves 9 chunks .* at K = 128 a lane holds 8"):
         render_program(program, LaunchConfig(4, 16, max_registers=96, shared_fragments=9))
+
+
+@pytest.mark.parametrize("field", ["value", "skip", "gate"])
+def test_an_l2norm_over_v_is_refused_by_the_lowering_for_every_backend(field):
+    """The kernels normalise vectors over K only: ``lower`` refuses an l2norm over V, so that the CPU
+    twin (``replayssm check``) never runs a declaration whose kernels cannot be emitted."""
+    from replayssm_dsl import ModelShape, Recurrence, delta, ops
+    from replayssm_dsl.runtime.cpu_cache import CpuReplayCache
+    r = Recurrence("v_norm")
+    q, k, v, b = r.token("q", per="group", size="K"), r.token("k", per="group", size="K"), r.token("v", size="V"), r.token("b")
+    fields = {"value": v, "skip": None, "gate": None}
+    fields[field] = ops.l2norm(v)
+    decl = r.build(decay=-ops.softplus(b), key=ops.l2norm(k), query=ops.l2norm(q),
+                   write=delta(value=fields["value"], beta=ops.sigmoid(b)), skip=fields["skip"], gate=fields["gate"])
+    with pytest.raises(LoweringError, match=rf"{field}: l2norm\(v\): the CUDA backend normalises vectors over K only"):
+        lower(decl, ModelShape(4, 2, 16, 16), ReplayConfig())
+    with pytest.raises(LoweringError, match="normalises vectors over K only"):
+        CpuReplayCache(decl, ModelShape(4, 2, 16, 16), ReplayConfig(), slots=1, params={})
