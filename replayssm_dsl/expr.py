@@ -119,6 +119,12 @@ class Expr:
     def __bool__(self):
         raise DeclarationError("an expression has no truth value: conditions are not part of the DSL")
 
+    def _no_comparison(self, other):
+        raise DeclarationError("expressions cannot be compared (<, <=, >, >=): conditions are not part of the "
+                               "DSL; bound a value with sigmoid, softplus, exp or a declared sign instead")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _no_comparison
+
     __hash__ = object.__hash__
 
     # --- inspection --------------------------------------------------------------------------------

@@ -500,3 +500,10 @@ def test_same_named_input_of_another_builder_with_another_spec(case):
         r.param("lg")
         with raises(DeclarationError, "decay:", "'lg'"):
             r.build(decay=foreign, key=k, query=q, write=plain(v))
+
+
+@pytest.mark.parametrize("compare", [lambda a: a > 0, lambda a: a <= 1.0, lambda a: 0 < a, lambda a: a >= a])
+def test_comparing_expressions_is_refused_as_a_condition(compare):
+    a = Recurrence("cmp").token("a")
+    with raises(DeclarationError, "cannot be compared", "conditions are not part of the DSL"):
+        compare(a)
