@@ -282,22 +282,24 @@ def _expect_axis(field_name: str, node: Expr, allowed: tuple[str, ...], why: str
         raise DeclarationError(f"{field_name}: is {shown[node.axis]} ({render_text(node)}); {why}")
 
 
-# where each function of a decay is defined: its argument's lowest value must be above (or, for sqrt, at) 0
-_DOMAINS = {"SQRT": ("can be negative", lambda lo: lo >= 0.0), "RSQRT": ("can be 0 or negative", lambda lo: lo > 0.0),
-            "LOG": ("can be 0 or negative", lambda lo: lo > 0.0)}
+# where each function of a decay is defined: its argument's lowest value must be at 0 or above it
+_AT_LEAST_0 = ("can be negative", lambda lo: lo >= 0.0,
+               "softplus(...), exp(...) or a param declared sign='nonnegative'")
+_ABOVE_0 = ("can be 0 or negative", lambda lo: lo > 0.0, "softplus(...) + a positive constant")
+_DOMAINS = {"SQRT": _AT_LEAST_0, "POW": _AT_LEAST_0, "RSQRT": _ABOVE_0, "LOG": _ABOVE_0}
 
 
 def _check_decay_domains(decay: Expr) -> None:
     """A decay must be a number for every input: sqrt, rsqrt, log and fractional powers of an argument
     that can leave their domain give NaN, which the sign proof (g ≤ 0 wherever defined) cannot see."""
     for node in decay.walk():
-        if node.op in _DOMAINS or (node.op == "POW" and not float(node.arg).is_integer()):
-            why, defined = _DOMAINS.get(node.op, ("can be negative", lambda lo: lo >= 0.0))
+        if node.op in ("SQRT", "RSQRT", "LOG") or (node.op == "POW" and not float(node.arg).is_integer()):
+            why, defined, instead = _DOMAINS[node.op]
             arg = node.src[0]
             if not defined(value_range(arg)[0]):
-                raise DeclarationError(
-                    f"decay: {render_text(node)} is not a number where {render_text(arg)} {why}; bound the "
-                    "argument, e.g. softplus(...) + a positive constant, or a param declared sign='nonnegative'")
+                raise DeclarationError(f"decay: {render_text(node)} is not a number where {render_text(arg)} {why}; "
+                                       f"bound the argument, e.g. {instead}")
+
 
 def validate(decl: Declaration, declared: dict[str, InputSpec]) -> None:
     """Raise ``DeclarationError`` naming the field when replay cannot serve ``decl``."""

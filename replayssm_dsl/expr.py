@@ -17,7 +17,7 @@ Ops (``arg`` in brackets):
   INPUT[name]  PARAM[name]  CONST[value]  DIM["K"|"V"]
   ADD SUB MUL DIV NEG POW[exponent]
   EXP LOG SQRT RSQRT SOFTPLUS SIGMOID LOGSIGMOID SILU
-  L2NORM[eps]  (normalise a K or V vector along its axis)
+  L2NORM[eps]  (normalise a K or V vector along its axis; the lowering renders it over K only)
 """
 
 from __future__ import annotations

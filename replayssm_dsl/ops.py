@@ -39,9 +39,14 @@ def l2norm(x, eps: float = 1e-6) -> Expr:
     """``x / sqrt(sum(x²) + eps)`` along the vector's axis (FLA's ``l2norm`` convention). The lowering
     renders it over K only (keys, queries, vector decays): over V it is refused by ``lower``."""
     x = as_expr(x)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < float("inf"):
+    try:
+        value = float(eps) if not isinstance(eps, (bool, str)) else None  # NumPy floats too
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0.0 < value < float("inf"):
         raise DeclarationError(f"l2norm eps must be a finite number > 0 (it keeps a zero vector's norm "
                                f"from 0 and the result in [-1, 1]), got {eps!r}")
+    eps = value
     if x.axis not in ("K", "V"):
         raise DeclarationError(f"l2norm needs a vector over K or V, got an expression with axis "
                                f"{x.axis or 'scalar'!r}: {x!r}")

@@ -129,7 +129,7 @@ class ReplayCacheBase:
                     bits = (np.ascontiguousarray(value).view(np.uint16) if dtype_name(value) in BF16_BITS_DTYPES
                             else bfloat16_bits(value))
                     value = from_bfloat16_bits(bits)
-                    if bits is not given:
+                    if dtype_name(given) not in BF16_BITS_DTYPES:  # floats rounded here: say if one overflowed
                         _refuse_bfloat16_overflow(given, value, f"tokens[{spec.name!r}]")
             value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
                                 check_values=True, device=self.array_device)

@@ -121,11 +121,12 @@ class ReplayEngine:
     def materialize(self, requests):
         """The plain state of each request, ``[len(requests), HV, V, K]``: its checkpoint page (after
         copy-on-write no longer the page numbered like its slot) folded with its records."""
-        requests = check_slots(requests, self.cache.num_slots, "requests")  # once each: no padding here
+        requests = _requests(requests)
         live = set(self.pool.live_slots().tolist())
         for i, slot in enumerate(requests.tolist()):
-            if slot not in live:
+            if slot not in live:  # out of range and -1 too: materialize has no padding rows
                 raise InputError(f"requests[{i}] = {slot} is not an allocated slot")
+        check_slots(requests, self.cache.num_slots, "requests")  # each once
         return self.cache.materialize(requests, src_pages=[self.pool.page_of(slot) for slot in requests.tolist()])
 
     def _refused_or(self, call):

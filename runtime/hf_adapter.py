@@ -402,11 +402,11 @@ def _check_generate_args(vocab: int, input_ids, max_new_tokens, drafts, max_draf
         raise ValueError(f"input_ids: expected at least one row and one prompt token, got {list(input_ids.shape)}")
     if ((input_ids < 0) | (input_ids >= vocab)).any():
         raise ValueError(f"input_ids: holds a token id outside the model's vocabulary [0, {vocab})")
-    suppress = [as_index(token) for token in suppress_tokens]
+    given = list(suppress_tokens)  # a generator is read once
+    suppress = [as_index(token) for token in given]
     for i, token in enumerate(suppress):
         if token is None or not 0 <= token < vocab:
-            raise ValueError(f"suppress_tokens[{i}]: expected a token id in [0, {vocab}), "
-                             f"got {list(suppress_tokens)[i]!r}")
+            raise ValueError(f"suppress_tokens[{i}]: expected a token id in [0, {vocab}), got {given[i]!r}")
     if len(set(suppress)) == vocab:
         raise ValueError(f"suppress_tokens: suppresses all {vocab} token ids, leaving none to choose")
     return suppress

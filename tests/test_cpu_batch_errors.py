@@ -14,6 +14,7 @@ import pytest
 
 from busy_cache import CONFIG, PAGES, SHAPE, SLOTS, Busy, slot_ops, refused
 from replayssm_dsl import variants
+from replayssm_dsl.bfloat16 import bfloat16_bits
 from replayssm_dsl.errors import ConfigError, InputError
 from replayssm_dsl.random_inputs import random_params, random_state, random_tokens
 from replayssm_dsl.reference import plain_recurrence
@@ -225,6 +226,10 @@ def test_token_declared_bf16_beyond_bf16_is_refused_as_overflowing_it(dtype):
     toks["a"][1, 2] = -np.inf
     with refused(cache, InputError, "tokens['a']: non-finite value -inf at index [1, 2]"):
         cache.step([0, 1], toks)
+    bits = {k: bfloat16_bits(np.where(np.isfinite(v), v, 0.0)) for k, v in toks.items()}
+    bits["a"][1, 2] = 0x7F80  # +inf's bits: raw bits are no float that overflowed
+    with refused(cache, InputError, "tokens['a']: non-finite value inf at index [1, 2]"):
+        cache.step([0, 1], bits)
 
 def test_param_beyond_float32_is_refused():
     decl = variants.get("gdn")

@@ -89,8 +89,11 @@ def test_decay_whose_sign_cannot_be_proven_nonpositive(make):
     (lambda r: ops.log(ops.sigmoid(r.token("g")) - 0.5), "log((sigmoid(g) - 0.5))", "can be 0 or negative"),
     (lambda r: ops.log(ops.softplus(r.token("g"))), "log(softplus(g))", "softplus(g) can be 0 or negative"),
     (lambda r: -(r.token("g") ** 1.5), "g**1.5", "g can be negative"),
-    (lambda r: -ops.sqrt(r.param("p")) * ops.softplus(r.token("g")), "sqrt(p)", "p can be negative"),
-], ids=["sqrt", "rsqrt", "rsqrt-at-0", "log-shifted", "log-at-0", "fractional-power", "sqrt-param"])
+    (lambda r: -ops.sqrt(r.param("p")) * ops.softplus(r.token("g")), "sqrt(p)", "p can be negative; bound the "
+     "argument, e.g. softplus(...), exp(...) or a param declared sign='nonnegative'"),
+    (lambda r: ops.log(r.param("p", sign="nonnegative")) * ops.softplus(r.token("g")), "log(p)",
+     "p can be 0 or negative; bound the argument, e.g. softplus(...) + a positive constant"),
+], ids=["sqrt", "rsqrt", "rsqrt-at-0", "log-shifted", "log-at-0", "fractional-power", "sqrt-param", "log-nonneg-param"])
 def test_a_decay_outside_a_function_domain_is_refused(make, text, why):
     """-sqrt(g) is ≤ 0 wherever it is defined, and NaN where g < 0: the sign proof cannot see that, so
     each function's argument must stay in its domain (NaN records would reach every later output)."""
@@ -119,6 +122,12 @@ def test_log_of_a_sigmoid_is_built_as_logsigmoid():
     g = Recurrence("log").token("g")
     assert ops.log(ops.sigmoid(g)) is ops.logsigmoid(g)
     assert ops.log(ops.softplus(g)).op == "LOG"
+
+
+def test_l2norm_takes_numpy_floats_as_eps():
+    import numpy as np
+    k = Recurrence("norm").token("k", size="K")
+    assert ops.l2norm(k, eps=np.finfo(np.float32).eps).arg == float(np.finfo(np.float32).eps)
 
 
 @pytest.mark.parametrize("eps", [-0.5, 0, 0.0, float("nan"), float("inf"), True, "1e-6", None])

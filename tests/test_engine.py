@@ -169,6 +169,8 @@ def test_materialize_reads_each_request_from_its_own_page_after_copy_on_write(ba
     (lambda e, s, toks: e.materialize([s, s + 1]), f"requests[1] = 1 is not an allocated slot"),
     (lambda e, s, toks: e.materialize([]), "requests: empty batch"),
     (lambda e, s, toks: e.materialize([s, s]), "requests: slot 0 appears twice"),
+    (lambda e, s, toks: e.materialize([s, 9]), "requests[1] = 9 is not an allocated slot"),
+    (lambda e, s, toks: e.materialize([-1]), "requests[0] = -1 is not an allocated slot"),
     (lambda e, s, toks: e.add(np.zeros((4, 8, 9))), "state: expected shape [4, 8, 8], got [4, 8, 9]"),
     (lambda e, s, toks: e.add(np.zeros((1, 4, 8, 8))), "state: expected shape [4, 8, 8], got [1, 4, 8, 8]"),
     (lambda e, s, toks: e.add([[0.0]]), "state: expected an array (NumPy, CuPy or torch) of shape [4, 8, 8], got list"),

@@ -124,6 +124,8 @@ def test_speculative_generation_refuses_wrong_use():
     for bad in (96, -1, True, 2.0):
         with pytest.raises(ValueError, match=r"suppress_tokens\[1\]: expected a token id in \[0, 96\), got %r" % bad):
             speculative_generate(model, ids, NgramDrafter(), 8, suppress_tokens=[0, bad])
+    with pytest.raises(ValueError, match=r"suppress_tokens\[1\]: expected a token id in \[0, 96\), got 96"):
+        speculative_generate(model, ids, NgramDrafter(), 8, suppress_tokens=(t for t in [0, 96]))  # a generator
     with pytest.raises(ValueError, match="suppress_tokens: suppresses all 96 token ids"):
         speculative_generate(model, ids, NgramDrafter(), 8, suppress_tokens=range(96))
     with pytest.raises(ValueError, match="max_new_tokens: must be a positive int, got True"):
