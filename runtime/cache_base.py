@@ -42,16 +42,6 @@ def _count(value, name: str, at_least: int) -> int:
     return count
 
 
-def _refuse_bfloat16_overflow(given: np.ndarray, rounded: np.ndarray, name: str) -> None:
-    """A finite float that rounds to bf16's inf (past about 3.39e38) is refused as overflowing bf16,
-    not as the non-finite value it becomes."""
-    with np.errstate(invalid="ignore"):
-        overflow = np.isinf(rounded) & np.isfinite(given)
-    if overflow.any():
-        idx = [int(i) for i in np.argwhere(overflow)[0]]
-        raise InputError(f"{name}: value {given[tuple(idx)]} at index {idx} overflows bfloat16, "
-                         "the dtype the kernels read it in")
-
 class ReplayCacheBase:
     """Values (finite, declared signs) are checked for host arrays; device arrays are checked for
     shape, dtype and layout only, so the decode loop never waits on the GPU."""
@@ -112,27 +102,29 @@ class ReplayCacheBase:
     def _check_tokens(self, tokens: dict, rows: int, t: int | None) -> dict:
         """Checked tokens, ``[B, T, ...]``. A token declared bf16 may come as floats (rounded to bf16
         here when on the host, by the backend when on the device) or as raw bf16 bits (``uint16``,
-        ``int16``); a host one is checked as the float32 values of its bf16 and leaves as
+        ``int16``); a host one is checked as the float32 values of its bf16 (floats before they are
+        rounded, so that one past bf16's range is named as overflowing it) and leaves as
         ``_host_bfloat16`` chooses (values here, bits for the CUDA backend): converted to bf16 once
         (float64 by way of float32, as torch converts), never converted back."""
         out = {}
         for spec in self._declared("token", tokens, verify=t is not None):
             dims = self.program.buffer(spec.name).dims  # ("B", "T", heads[, size])
             shape = self._dims(dims, B=rows, T=t) if t is not None else self._dims(dims[:1] + dims[2:], B=rows)
-            value, dtypes, bits = tokens[spec.name], FLOAT_DTYPES, None
+            value, dtypes, bits, finite_as = tokens[spec.name], FLOAT_DTYPES, None, "float32"
             if spec.dtype == "bfloat16":
                 dtypes = FLOAT_DTYPES + BF16_BITS_DTYPES
                 if not is_device_array(value):  # a host array of any kind (a CPU torch tensor: NumPy holds no bf16)
                     value = readable_host_array(value, f"tokens[{spec.name!r}]")
-                if isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
-                    given = value
-                    bits = (np.ascontiguousarray(value).view(np.uint16) if dtype_name(value) in BF16_BITS_DTYPES
-                            else bfloat16_bits(value))
+                if isinstance(value, np.ndarray) and dtype_name(value) in BF16_BITS_DTYPES:
+                    bits = np.ascontiguousarray(value).view(np.uint16)  # raw bits: checked as the values they hold
                     value = from_bfloat16_bits(bits)
-                    if dtype_name(given) not in BF16_BITS_DTYPES:  # floats rounded here: say if one overflowed
-                        _refuse_bfloat16_overflow(given, value, f"tokens[{spec.name!r}]")
+                elif isinstance(value, np.ndarray) and dtype_name(value) in dtypes:
+                    finite_as = "bfloat16"  # floats: checked as bf16 holds them (a finite one may overflow it)
             value = check_array(value, f"tokens[{spec.name!r}]", shape, sign=spec.sign, dtypes=dtypes,
-                                check_values=True, device=self.array_device)
+                                check_values=True, device=self.array_device, finite_as=finite_as)
+            if finite_as == "bfloat16":  # then rounded to bf16, once
+                bits = bfloat16_bits(value)
+                value = from_bfloat16_bits(bits)
             if bits is not None:
                 value = self._host_bfloat16(bits, value)
             out[spec.name] = value if t is not None else value[:, None]
