@@ -293,7 +293,7 @@ def _check_decay_domains(decay: Expr) -> None:
     """A decay must be a number for every input: sqrt, rsqrt, log and fractional powers of an argument
     that can leave their domain give NaN, which the sign proof (g ≤ 0 wherever defined) cannot see."""
     for node in decay.walk():
-        if node.op in ("SQRT", "RSQRT", "LOG") or (node.op == "POW" and not float(node.arg).is_integer()):
+        if node.op in _DOMAINS and not (node.op == "POW" and float(node.arg).is_integer()):
             why, defined, instead = _DOMAINS[node.op]
             arg = node.src[0]
             if not defined(value_range(arg)[0]):

@@ -4,7 +4,8 @@
 API, the same results, the same exceptions with the same messages. Loops here are plain Python on
 purpose; the Cython class does the same work in C and is tested against this one.
 
-May import: NumPy, ``replayssm_dsl.errors``, ``replayssm_dsl.lowering.buffer_rules``.
+May import: NumPy, ``replayssm_dsl.errors``, ``replayssm_dsl.lowering.buffer_rules``,
+``validation.as_index``.
 
 Model
 -----
@@ -42,6 +43,8 @@ import numpy as np
 from replayssm_dsl.errors import CapacityError, ConfigError, InputError
 from replayssm_dsl.lowering import buffer_rules
 
+from .validation import as_index
+
 NULL_SLOT = -1
 _NO_BATCH, _STEP_BATCH, _VERIFY_BATCH = 0, 1, 2
 _BATCH_NAMES = {_STEP_BATCH: ("build_step", "report_step()"), _VERIFY_BATCH: ("build_verify", "commit(accepted)")}
@@ -59,12 +62,11 @@ def _check_int32_vector(array, name: str) -> None:
 
 def slot_number(slot, op: str) -> int:
     """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
-    if isinstance(slot, (bool, np.bool_)):
-        raise InputError(f"{op}(): expected a slot number (int), got {slot!r}")
-    try:
-        return operator.index(slot)
-    except TypeError:
-        raise InputError(f"{op}(): expected a slot number (int), got {type(slot).__name__}") from None
+    index = as_index(slot)
+    if index is None:
+        got = repr(slot) if isinstance(slot, (bool, np.bool_)) else type(slot).__name__
+        raise InputError(f"{op}(): expected a slot number (int), got {got}")
+    return index
 
 
 def _check_output_buffer(array, name: str) -> None:
