@@ -8,7 +8,7 @@ arguments, in ``kernel_arguments`` order, so a launcher passes the same pointers
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .ir import Kernel, Program
 
@@ -144,6 +144,17 @@ def choose_launch(shape, rows: int, family: str = "replay", config=None) -> Laun
     if most_rows < 16:
         return LaunchConfig(warps=4, rows_per_warp=min(4, most_rows))
     return LaunchConfig(warps=4, rows_per_warp=4, max_registers=64)
+
+
+def fallback_launches(shape, rows: int, family: str = "replay", config=None) -> list[LaunchConfig]:
+    """The launch shapes a runtime tries, in order, for ``family``'s kernels when no tuned entry exists:
+    ``choose_launch``'s, then the same warps' rows in a CTA of half as many warps (a declaration with
+    more per-token fields than the built-ins, e.g. a vector decay with the delta rule, a skip and a
+    gate, passes 48 KiB of static shared memory at verify's whole-head ``8x16``; ``4x16`` keeps its
+    16-row tiles), then ``4x4``, ``4x2`` and ``2x2``. No shape repeats."""
+    first = choose_launch(shape, rows, family, config)
+    halved = [replace(first, warps=first.warps // 2)] if first.warps > 1 else []
+    return list(dict.fromkeys([first, *halved, LaunchConfig(4, 4), LaunchConfig(4, 2), LaunchConfig(2, 2)]))
 
 
 def key_chunks(k_dim: int) -> int:

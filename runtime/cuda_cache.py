@@ -15,7 +15,7 @@ import contextlib
 import numpy as np
 
 from replayssm_dsl.errors import InputError, LoweringError
-from replayssm_dsl.lowering.launch import LaunchConfig, choose_launch, kernel_arguments
+from replayssm_dsl.lowering.launch import LaunchConfig, fallback_launches, kernel_arguments
 from replayssm_dsl.lowering.render_cuda import render_program
 
 from replayssm_dsl.bfloat16 import bfloat16_bits
@@ -85,16 +85,15 @@ class CudaReplayCache(ReplayCacheBase):
         return self._tuned[rows, group]
 
     def _fitting_launch(self, rows: int, family: str) -> LaunchConfig:
-        """``choose_launch``'s shape, or a smaller one when the family's kernels do not fit in 48 KiB of
-        static shared memory or spill to local memory (a declaration with more per-token fields than
-        the built-ins); a shape that spills is used only when none builds clean. Remembered per
-        ``rows`` and family."""
+        """The first of ``fallback_launches`` (``choose_launch``'s shape, then smaller ones) whose
+        kernels fit in 48 KiB of static shared memory and do not spill to local memory (a declaration
+        with more per-token fields than the built-ins may pass either at the first); a shape that
+        spills is used only when none builds clean. Remembered per ``rows`` and family."""
         if (rows, family) in self._fitting:
             return self._fitting[rows, family]
-        fallbacks = [choose_launch(self.shape, rows, family, self.config), LaunchConfig(4, 4), LaunchConfig(4, 2),
-                     LaunchConfig(2, 2)]
+        fallbacks = fallback_launches(self.shape, rows, family, self.config)
         spilling = None
-        for launch in dict.fromkeys(fallbacks):
+        for launch in fallbacks:
             compiled = self._compiled.get((launch, family)) or self._new_module(launch, family)
             spills = compiled.local_memory()
             if spills is None:

@@ -1,5 +1,6 @@
 """Test helpers for the GPU tests: the declarations they run (the builtins and one declared here),
-the FP32 tolerance and a twin of the CUDA cache against the float64 oracle."""
+the FP32 tolerance, a twin of the CUDA cache against the float64 oracle and a run of every kernel
+through one."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ def cuda_cache():
 def make_twin(decl, shape, config, seed, slots=4, tol=FP32_TOL):
     return ReplayTwin(cuda_cache(), decl, shape, config, np.random.default_rng(seed), slots=slots, tol=tol)
 
+
+def steps_verifies_and_flush(twin):
+    """Steps of three rows (one padded) with verifies and commits between, a flush, then the
+    materialized states; the twin checks every output against the oracle."""
+    twin.load([0, 2])
+    for i in range(11):
+        twin.step([2, -1, 0])
+        if i % 4 == 1:
+            toks = twin.verify([0, 2], [3, 2])
+            twin.commit([0, 2], toks, [2, 1])
+    twin.cache.flush([2])
+    twin.check_materialize([0, 2])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_cases import ALL_DECLS, FP32_TOL, cuda_cache, make_twin
+from gpu_cases import ALL_DECLS, FP32_TOL, cuda_cache, make_twin, steps_verifies_and_flush
 from replayssm_dsl import ModelShape, ReplayConfig
 from replayssm_dsl.random_inputs import random_params
 from twin import ReplayTwin
@@ -29,19 +29,6 @@ def _launch_shapes():
              LaunchConfig(5, 16, max_registers=96, shared_fragments=4, simt_scores=True),
              LaunchConfig(8, 16, max_registers=80, shared_fragments=6, simt_scores=True))
     return list(dict.fromkeys(every + extra))
-
-
-def steps_verifies_and_flush(twin):
-    """Steps of three rows (one padded) with verifies and commits between, a flush, then the
-    materialized states; the twin checks every output against the oracle."""
-    twin.load([0, 2])
-    for i in range(11):
-        twin.step([2, -1, 0])
-        if i % 4 == 1:
-            toks = twin.verify([0, 2], [3, 2])
-            twin.commit([0, 2], toks, [2, 1])
-    twin.cache.flush([2])
-    twin.check_materialize([0, 2])
 
 
 @pytest.mark.parametrize("launch", _launch_shapes(), ids=lambda c: c.label)
