@@ -142,3 +142,25 @@ def test_gpu_tune_step_confirms_its_fastest_and_tables_them(tmp_path, monkeypatc
     assert set(entry["confirmed_ms"]) == {c.label for c in sorted(first_pass, key=first_pass.get)[:3]}
     assert entry["confirmed_ms"][best.label] == min(entry["confirmed_ms"].values())
     assert LaunchConfig(**entry["launch"]) == best == autotune.lookup(lower(decl, shape, config), rows, "conventional")
+
+
+def test_gpu_a_verify_that_fits_no_launch_is_refused_and_the_steps_go_on():
+    """GDN at K = 256 with L = 16 and T = 8: verify's static shared memory passes 48 KiB at every one of
+    ``fallback_launches``, so the first verify raises a ``LoweringError`` naming the family, before any
+    kernel runs: no verify waits for a commit, and steps (with a flush) and materialize still give the
+    oracle. A smaller capacity (L = 8, T = 4) builds and serves every kernel."""
+    from replayssm_dsl.errors import LoweringError
+    shape = ModelShape(2, 1, 32, 256)
+    twin = ReplayTwin(cuda_cache(), ALL_DECLS["gdn"], shape, ReplayConfig(), np.random.default_rng(24), slots=2,
+                      tol=FP32_TOL)
+    twin.load([0, 1])
+    twin.step([0, 1])
+    with pytest.raises(LoweringError, match=r"builds the verify kernels for 'gdn'.*48 KiB"):
+        twin.verify([0, 1], [2, 2])
+    assert twin.cache.pending_verify is None
+    for _ in range(ReplayConfig().window + 2):
+        twin.step([1, 0])
+    twin.check_materialize([0, 1])
+    small = ReplayTwin(cuda_cache(), ALL_DECLS["gdn"], shape, ReplayConfig(window=8, max_drafts=4),
+                       np.random.default_rng(25), slots=3, tol=FP32_TOL)
+    steps_verifies_and_flush(small)
