@@ -104,7 +104,8 @@ class CudaReplayCache(ReplayCacheBase):
             spilling = spilling or launch
         else:
             if spilling is None:
-                raise LoweringError(f"no launch shape of {[c.label for c in fallbacks]} builds the {family} kernels for "
+                labels = [c.label for c in fallbacks]
+                raise LoweringError(f"no launch shape of {labels} builds the {family} kernels for "
                                     f"{self.program.declaration.name!r} at {self.shape} (static shared memory "
                                     "is limited to 48 KiB per CTA; a smaller window or max_drafts needs less)")
             launch = spilling

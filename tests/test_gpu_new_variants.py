@@ -2,9 +2,10 @@
 float64 plain recurrence through every kernel, at the launches the CUDA cache picks for them.
 
 At 24 value heads of V = K = 128, the twin's steps (three rows) and verifies (two) are past
-``choose_launch``'s small-batch rule, so the cache takes the large-batch shapes: verify's whole head per CTA (``8x16``), where a vector decay
-with the delta rule, a skip and a gate passes 48 KiB of static shared memory, so the cache takes the
-next of ``fallback_launches`` (``4x16``; ``test_cuda_compiles_new_variants`` compiles it).
+``choose_launch``'s small-batch rule, so the cache takes the large-batch shapes: verify's whole head
+per CTA (``8x16``), where a vector decay with the delta rule, a skip and a gate passes 48 KiB of
+static shared memory, so the cache takes the next of ``fallback_launches`` (``4x16``;
+``test_cuda_compiles_new_variants`` compiles it).
 
 Marked ``gpu``: skipped without CuPy and a CUDA device. The twin poisons every output with NaN before
 the launch that should write it; FP32 state, tolerance 2e-4 of the largest reference magnitude.
