@@ -195,6 +195,7 @@ def _check_renderable(decl: Declaration) -> None:
                 raise LoweringError(f"{field}: {render_text(node)}: the CUDA backend normalises vectors over K "
                                     "only (l2norm of a V vector is not rendered)")
 
+
 def lower(decl: Declaration, shape: ModelShape, config: ReplayConfig | None = None) -> Program:
     """Lower ``decl`` for ``shape`` and ``config`` into its kernel plans."""
     config = config or ReplayConfig()

@@ -5,7 +5,7 @@ API, the same results, the same exceptions with the same messages. Loops here ar
 purpose; the Cython class does the same work in C and is tested against this one.
 
 May import: NumPy, ``replayssm_dsl.errors``, ``replayssm_dsl.lowering.buffer_rules``,
-``validation.as_index``.
+``validation.as_index`` and ``refused_index``.
 
 Model
 -----
@@ -43,7 +43,7 @@ import numpy as np
 from replayssm_dsl.errors import CapacityError, ConfigError, InputError
 from replayssm_dsl.lowering import buffer_rules
 
-from .validation import as_index
+from .validation import as_index, refused_index
 
 NULL_SLOT = -1
 _NO_BATCH, _STEP_BATCH, _VERIFY_BATCH = 0, 1, 2
@@ -64,8 +64,7 @@ def slot_number(slot, op: str) -> int:
     """``slot`` as an int: a bool (an int to Python, never a slot) or a non-integer is refused."""
     index = as_index(slot)
     if index is None:
-        got = repr(slot) if isinstance(slot, (bool, np.bool_)) else type(slot).__name__
-        raise InputError(f"{op}(): expected a slot number (int), got {got}")
+        raise InputError(f"{op}(): expected a slot number (int), got {refused_index(slot)}")
     return index
 
 

@@ -57,12 +57,16 @@ def as_index(value) -> int | None:
         return None
 
 
+def refused_index(value) -> str:
+    """What a value ``as_index`` refused was, for a message: a bool as itself, anything else by its type."""
+    return repr(value) if isinstance(value, (bool, np.bool_)) else type(value).__name__
+
+
 def check_slot_index(value, num_slots: int, name: str) -> int:
     """One live slot given alone (``copy_records``' parent and child): an int in ``[0, num_slots)``."""
     slot = as_index(value)
     if slot is None:
-        got = repr(value) if isinstance(value, (bool, np.bool_)) else type(value).__name__
-        raise InputError(f"{name}: expected a slot index (int), got {got}")
+        raise InputError(f"{name}: expected a slot index (int), got {refused_index(value)}")
     if not 0 <= slot < num_slots:
         raise InputError(f"{name} = {slot} is out of range [0, {num_slots})")
     return slot
